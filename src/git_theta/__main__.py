@@ -1,0 +1,3 @@
+from git_theta.commands.cli import entry
+
+entry()

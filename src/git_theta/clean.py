@@ -1,0 +1,164 @@
+"""Clean: a checkpoint's bytes -> its manifest, storing each changed tensor once.
+
+The file is read once, front to back, as git streams it: the format reads its header,
+then each tensor's bytes are hashed (and, if new, encoded and stored) on worker threads
+while the next tensor is read. An unchanged tensor costs a hash, not an encode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from git_theta import chains, codec
+from git_theta.content import content_hash
+from git_theta.errors import CheckpointError
+from git_theta.formats import detect
+from git_theta.formats.base import TensorSpan
+from git_theta.manifest import Glue, Link, Manifest, TensorEntry, is_manifest
+from git_theta.parallel import ordered_map
+from git_theta.progress import Progress
+from git_theta.protocol.filter_process import Sink, Source
+from git_theta.store import ObjectStore
+
+_PEEK = 64
+
+
+class _Reader:
+    """Reads the source in order, replaying the peeked head, counting the offset."""
+
+    def __init__(self, head: bytes, source: Source):
+        self._head = head
+        self._source = source
+        self.offset = 0
+
+    def read(self, n: int) -> bytearray:
+        out = bytearray(n)
+        view = memoryview(out)
+        got = min(n, len(self._head))
+        view[:got] = self._head[:got]
+        self._head = self._head[got:]
+        while got < n:
+            step = self._source.readinto(view[got:])
+            if step == 0:
+                raise CheckpointError(
+                    f"file is truncated at byte {self.offset + got} "
+                    f"(expected at least {self.offset + n} bytes)"
+                )
+            got += step
+        self.offset += n
+        return out
+
+    def read_rest(self) -> bytes:
+        rest = self._head + self._source.read()
+        self._head = b""
+        self.offset += len(rest)
+        return rest
+
+
+@dataclass
+class _Job:
+    span: TensorSpan
+    data: bytearray
+
+
+def _check_spans(spans: list[TensorSpan], header_end: int) -> list[TensorSpan]:
+    ordered = sorted(spans, key=lambda s: (s.start, s.end))
+    pos = header_end
+    seen: set[str] = set()
+    for span in ordered:
+        if span.name in seen:
+            raise CheckpointError(f"tensor {span.name!r} appears twice")
+        seen.add(span.name)
+        if span.start < pos:
+            raise CheckpointError(
+                "header lies about offsets: tensor {span.name!r} overlaps "
+                "the header or another tensor"
+            )
+        pos = span.end
+    return ordered
+
+
+def clean(
+    source: Source,
+    sink: Sink,
+    path: str,
+    store: ObjectStore,
+    previous: Manifest | None,
+    show_progress: bool | None = None,
+) -> None:
+    """Read a checkpoint from ``source`` and write its manifest to ``sink``.
+
+    A manifest given as input is passed through unchanged (a file checked out without
+    its weights). Raises CheckpointError for a truncated, corrupt or unknown file.
+    """
+    head = source.read(_PEEK)
+    while len(head) < _PEEK:
+        more = source.read(_PEEK - len(head))
+        if not more:
+            break
+        head += more
+    if is_manifest(head):
+        sink.write(head + source.read())
+        return
+    fmt = detect(head, path)
+    reader = _Reader(head, source)
+    glue = bytearray()
+
+    def read_header(n: int) -> bytes:
+        data = reader.read(n)
+        glue.extend(data)
+        return bytes(data)
+
+    spans = _check_spans(fmt.read_header(read_header), reader.offset)
+    layout: list[int | str] = []
+
+    def add_glue(data: bytes | bytearray) -> None:
+        if not data:
+            return
+        glue.extend(data)
+        if layout and isinstance(layout[-1], int):
+            layout[-1] += len(data)
+        else:
+            layout.append(len(data))
+
+    if glue:
+        layout.append(len(glue))
+    reuse: dict[tuple[str, str], tuple[Link, ...]] = {}
+    if previous is not None:
+        for entry in previous.tensors.values():
+            reuse[(entry.hash, entry.dtype)] = entry.chain
+
+    total = spans[-1].end if spans else reader.offset
+    progress = Progress(f"adding {path}", total, len(spans), show_progress)
+
+    def jobs() -> Iterator[_Job]:
+        for span in spans:
+            add_glue(reader.read(span.start - reader.offset))
+            layout.append(span.name)
+            yield _Job(span, reader.read(span.end - span.start))
+
+    def encode(job: _Job) -> TensorEntry:
+        digest = content_hash(job.data)
+        chain = reuse.get((digest, job.span.dtype))
+        if chain is None:
+            chain = (chains.store_dense(job.data, job.span.dtype, store),)
+        return TensorEntry(job.span.dtype, job.span.shape, digest, chain)
+
+    tensors: dict[str, TensorEntry] = {}
+    for job_span, entry in zip(
+        spans, ordered_map(encode, jobs(), lambda j: len(j.data)), strict=True
+    ):
+        tensors[job_span.name] = entry
+        progress.advance(job_span.end - job_span.start)
+    add_glue(reader.read_rest())
+    progress.close()
+    glue_ref = store.put(codec.encode(glue, level=9))
+    manifest = Manifest(
+        format=fmt.key,
+        size=reader.offset,
+        glue=Glue(content_hash(glue), glue_ref),
+        layout=tuple(layout),
+        tensors=tensors,
+    )
+    sink.write(manifest.to_bytes())

@@ -1,0 +1,194 @@
+"""A tensor's bytes <-> a compact, self-describing content object (format version 1).
+
+Floats are stored as byte planes: each word is rotated left by one bit so the exponent
+fills the top byte and the sign joins the low mantissa byte; then byte k of every word is
+grouped into plane k. The exponent plane has ~2.7 bits of entropy per byte and compresses
+to about a third with a Huffman coder; the mantissa planes are nearly random and are kept
+raw or zstd'd. This measured 0.819x on MiniLM FP32 and 0.665x on BF16 (docs/benchmarks.md).
+
+Object layout (little-endian)::
+
+    b"GTHO" | version u8 = 1 | word u8 | flags u8 (bit0 = rotated) | reserved u8
+    raw length u64 | words per chunk u32
+    per chunk, per plane: method u8 | payload length u32 | payload
+
+``word`` = 1 means no planes (plain bytes). Chunks bound memory and keep entropy tables
+local; each plane of each chunk picks its own method, so odd data cannot blow up.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+import zstandard
+
+from git_theta.errors import ObjectCorruptError
+
+MAGIC = b"GTHO"
+VERSION = 1
+_HEAD = struct.Struct("<4sBBBBQI")
+_PLANE = struct.Struct("<BI")
+CHUNK_WORDS = 1 << 20
+
+RAW, ZSTD, HUFFMAN = 0, 1, 2
+_SAMPLE = 1 << 16  # bytes sampled to pick a plane's method
+_UINT = {1: "<u1", 2: "<u2", 4: "<u4", 8: "<u8"}
+
+_local = threading.local()
+
+
+def _zstd_c(level: int) -> zstandard.ZstdCompressor:
+    key = f"c{level}"
+    comp = getattr(_local, key, None)
+    if comp is None:
+        comp = zstandard.ZstdCompressor(level=level)
+        setattr(_local, key, comp)
+    return comp
+
+
+def _zstd_d() -> zstandard.ZstdDecompressor:
+    dec = getattr(_local, "d", None)
+    if dec is None:
+        dec = _local.d = zstandard.ZstdDecompressor()
+    return dec
+
+
+def _entropy_bits(plane: np.ndarray) -> float:
+    """Order-0 entropy (bits per byte) of an evenly spaced sample of ``plane``."""
+    step = max(1, plane.size // _SAMPLE)
+    counts = np.bincount(plane[::step], minlength=256)
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log2(p)).sum())
+
+
+def _pack_plane(plane: np.ndarray, level: int) -> tuple[int, bytes]:
+    """Return (method, payload) for one plane: the compact choice, never larger than raw."""
+    raw = plane.tobytes()
+    if len(raw) < 64:
+        return RAW, raw
+    bits = _entropy_bits(plane)
+    if 1.0 <= bits < 6.0:
+        # Skewed but not repetitive (exponents): entropy coding without LZ matching wins.
+        comp = zlib.compressobj(1, zlib.DEFLATED, -15, 9, zlib.Z_HUFFMAN_ONLY)
+        method, payload = HUFFMAN, comp.compress(raw) + comp.flush()
+    else:
+        method, payload = ZSTD, _zstd_c(level).compress(raw)
+    if len(payload) >= len(raw):
+        return RAW, raw
+    return method, payload
+
+
+def _unpack_plane(method: int, payload: bytes | memoryview, size: int) -> bytes:
+    if method == RAW:
+        out = bytes(payload)
+    elif method == ZSTD:
+        out = _zstd_d().decompress(payload, max_output_size=size)
+    elif method == HUFFMAN:
+        dec = zlib.decompressobj(-15)
+        out = dec.decompress(payload, size)
+    else:
+        raise ObjectCorruptError(f"unknown plane method {method}")
+    if len(out) != size:
+        raise ObjectCorruptError(f"plane decoded to {len(out)} bytes, expected {size}")
+    return out
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How to split a buffer into planes: word size in bytes and whether to rotate."""
+
+    word: int = 1
+    rotate: bool = False
+
+
+def _planes(chunk: memoryview, layout: Layout) -> np.ndarray:
+    """Return a (word, n) uint8 array whose row k is byte k (most significant first)."""
+    words = np.frombuffer(chunk, dtype=_UINT[layout.word])
+    if layout.rotate:
+        bits = layout.word * 8
+        words = (words << np.uint64(1).astype(words.dtype)) | (
+            words >> np.uint64(bits - 1).astype(words.dtype)
+        )
+    grid = words.astype(words.dtype.newbyteorder("<"), copy=False).view(np.uint8)
+    grid = grid.reshape(-1, layout.word)[:, ::-1]
+    return np.ascontiguousarray(grid.T)
+
+
+def _join(planes: np.ndarray, layout: Layout) -> bytes:
+    grid = np.ascontiguousarray(planes[::-1].T)
+    words = grid.view(_UINT[layout.word]).reshape(-1)
+    if layout.rotate:
+        bits = layout.word * 8
+        words = (words >> np.uint64(1).astype(words.dtype)) | (
+            words << np.uint64(bits - 1).astype(words.dtype)
+        )
+    return words.astype(_UINT[layout.word], copy=False).tobytes()
+
+
+def encode(data: bytes | bytearray | memoryview, layout: Layout = Layout(), level: int = 1) -> bytes:
+    """Return the content object for ``data``; deterministic for equal input."""
+    view = memoryview(data).cast("B")
+    if layout.word > 1 and len(view) % layout.word:
+        layout = Layout()
+    word = layout.word
+    chunk_bytes = CHUNK_WORDS * word
+    parts = [
+        _HEAD.pack(MAGIC, VERSION, word, int(layout.rotate), 0, len(view), CHUNK_WORDS),
+    ]
+    for start in range(0, len(view), chunk_bytes):
+        chunk = view[start : start + chunk_bytes]
+        if word == 1:
+            rows = [np.frombuffer(chunk, dtype=np.uint8)]
+        else:
+            rows = list(_planes(chunk, layout))
+        for row in rows:
+            method, payload = _pack_plane(row, level)
+            parts.append(_PLANE.pack(method, len(payload)))
+            parts.append(payload)
+    return b"".join(parts)
+
+
+def decode(obj: bytes | memoryview) -> bytes:
+    """Return the bytes stored in content object ``obj``.
+
+    Raises ObjectCorruptError when the object is malformed or of an unknown version.
+    """
+    view = memoryview(obj).cast("B")
+    if len(view) < _HEAD.size:
+        raise ObjectCorruptError("content object is truncated")
+    magic, version, word, flags, _, length, chunk_words = _HEAD.unpack_from(view)
+    if magic != MAGIC:
+        raise ObjectCorruptError("not a git-theta content object")
+    if version != VERSION:
+        raise ObjectCorruptError(f"content object version {version} is newer than this git-theta")
+    if word not in _UINT or chunk_words <= 0:
+        raise ObjectCorruptError("content object header is corrupt")
+    layout = Layout(word, bool(flags & 1))
+    out = bytearray(length)
+    pos = _HEAD.size
+    chunk_bytes = chunk_words * word
+    try:
+        for start in range(0, length, chunk_bytes):
+            size = min(chunk_bytes, length - start)
+            rows = []
+            for _ in range(word):
+                method, n = _PLANE.unpack_from(view, pos)
+                pos += _PLANE.size
+                if pos + n > len(view):
+                    raise ObjectCorruptError("content object is truncated")
+                rows.append(_unpack_plane(method, view[pos : pos + n], size // word))
+                pos += n
+            if word == 1:
+                out[start : start + size] = rows[0]
+            else:
+                planes = np.frombuffer(b"".join(rows), dtype=np.uint8).reshape(word, -1)
+                out[start : start + size] = _join(planes, layout)
+    except (zlib.error, zstandard.ZstdError, struct.error) as exc:
+        raise ObjectCorruptError(f"content object is corrupt: {exc}") from exc
+    if pos != len(view):
+        raise ObjectCorruptError("content object has trailing bytes")
+    return bytes(out)

@@ -1,0 +1,76 @@
+"""``git theta ...``: parse the command line and dispatch; one error handler for all."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from git_theta import __version__
+from git_theta.commands.errors import report
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="git theta", description="Version ML model checkpoints in git, tensor by tensor."
+    )
+    parser.add_argument("--version", action="version", version=f"git-theta {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("install", help="configure git to use git-theta")
+    scope = p.add_mutually_exclusive_group()
+    for name in ("global", "local", "system"):
+        scope.add_argument(
+            f"--{name}", dest="scope", action="store_const", const=name, help=f"{name} config"
+        )
+    p.set_defaults(scope="global")
+
+    p = sub.add_parser("track", help="track checkpoint paths or globs with git-theta")
+    p.add_argument("patterns", nargs="+", metavar="PATH_OR_GLOB")
+
+    p = sub.add_parser("add", help="stage checkpoints (same as git add)")
+    p.add_argument("paths", nargs="+", metavar="PATH")
+
+    sub.add_parser("filter-process", help="git's long-running filter (used by git)")
+    for name in ("clean", "smudge"):
+        p = sub.add_parser(name, help=f"one-shot {name} filter (used by git)")
+        p.add_argument("path", metavar="PATH")
+    p = sub.add_parser("textconv", help="render a manifest for git diff (used by git)")
+    p.add_argument("file", metavar="FILE")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command and return its exit code."""
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "install":
+            from git_theta.commands.install import install
+
+            return install(args.scope)
+        if args.command == "track":
+            from git_theta.commands.track import track
+
+            return track(args.patterns)
+        if args.command == "add":
+            from git_theta.commands.add import add
+
+            return add(args.paths)
+        if args.command == "filter-process":
+            from git_theta.commands.filter import filter_process
+
+            return filter_process()
+        if args.command in ("clean", "smudge"):
+            from git_theta.commands.filter import one_shot
+
+            return one_shot(args.command, args.path)
+        if args.command == "textconv":
+            from git_theta.commands.textconv import textconv
+
+            return textconv(args.file)
+    except Exception as exc:
+        return report(exc)
+    raise AssertionError(f"unhandled command {args.command}")
+
+
+def entry() -> None:
+    sys.exit(main())

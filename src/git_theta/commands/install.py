@@ -1,0 +1,32 @@
+"""``git theta install``: register the filter and drivers in git config."""
+
+from __future__ import annotations
+
+import sys
+
+from git_theta import git
+from git_theta.errors import ThetaError
+
+SETTINGS = (
+    ("filter.theta.process", "git-theta filter-process"),
+    ("filter.theta.clean", "git-theta clean -- %f"),
+    ("filter.theta.smudge", "git-theta smudge -- %f"),
+    ("filter.theta.required", "true"),
+    ("diff.theta.textconv", "git-theta textconv"),
+)
+
+LFS_MISSING = (
+    "git-lfs is not installed; git-theta stores tensors as Git LFS objects. Install it "
+    "(Debian/Ubuntu: `apt-get install git-lfs`, macOS: `brew install git-lfs`) and run "
+    "`git theta install` again"
+)
+
+
+def install(scope: str) -> int:
+    """Write git-theta's config in ``scope``; fail when git-lfs is missing."""
+    if git.lfs_version() is None:
+        raise ThetaError(LFS_MISSING)
+    for key, value in SETTINGS:
+        git.config_set(key, value, scope)
+    sys.stderr.write(f"git-theta: configured git ({scope})\n")
+    return 0

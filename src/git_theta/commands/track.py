@@ -1,0 +1,52 @@
+"""``git theta track``: route paths through the theta filter in .gitattributes."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from git_theta import git
+
+OURS = ("filter=theta", "diff=theta", "-text")
+_REPLACED = ("filter=", "diff=", "text", "-text", "!text", "filter", "-filter", "diff", "-diff")
+
+
+def _escape(pattern: str) -> str:
+    return pattern.replace(" ", "[[:space:]]")
+
+
+def _merge_attrs(attrs: list[str]) -> list[str]:
+    """Keep the other attributes on the line; replace any filter/diff/text setting."""
+    kept = [a for a in attrs if not (a in _REPLACED or a.startswith(_REPLACED[:2]))]
+    return kept + list(OURS)
+
+
+def update_attributes(text: str, pattern: str) -> str:
+    """Return .gitattributes ``text`` with ``pattern`` tracked (unchanged if it already is)."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        fields = line.split()
+        if fields and fields[0] == pattern:
+            lines[i] = " ".join([pattern, *_merge_attrs(fields[1:])])
+            break
+    else:
+        lines.append(" ".join([pattern, *OURS]))
+    return "\n".join(lines) + "\n"
+
+
+def track(patterns: list[str]) -> int:
+    """Add each pattern (relative to the current directory) to the root .gitattributes."""
+    top = git.toplevel()
+    prefix = git.show_prefix()
+    attributes = top / ".gitattributes"
+    text = attributes.read_text() if attributes.exists() else ""
+    new = text
+    for raw in patterns:
+        pattern = _escape(prefix + raw.removeprefix("./"))
+        new = update_attributes(new, pattern)
+        sys.stderr.write(f"git-theta: tracking {pattern}\n")
+    if new != text:
+        tmp = attributes.with_name(".gitattributes.theta-tmp")
+        tmp.write_text(new)
+        os.replace(tmp, attributes)
+    return 0

@@ -1,0 +1,56 @@
+"""Element types: their size and how their bytes are laid out for compression.
+
+Names are the safetensors spellings, which the manifest records; other formats map their
+own names onto these.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DType:
+    name: str
+    bits: int  # bits per element
+    word: int  # bytes per float/int word whose bytes are grouped into planes (1 = no grouping)
+    is_float: bool  # sign bit on top of ``word``: rotate it below the exponent before grouping
+
+    def nbytes(self, shape: tuple[int, ...]) -> int:
+        """Return the byte size of a tensor of this type and ``shape``."""
+        return (math.prod(shape) * self.bits + 7) // 8
+
+
+_TABLE = [
+    DType("BOOL", 8, 1, False),
+    DType("U8", 8, 1, False),
+    DType("I8", 8, 1, False),
+    DType("F8_E5M2", 8, 1, False),
+    DType("F8_E4M3", 8, 1, False),
+    DType("F8_E4M3FNUZ", 8, 1, False),
+    DType("F8_E5M2FNUZ", 8, 1, False),
+    DType("F8_E8M0", 8, 1, False),
+    DType("F4", 4, 1, False),
+    DType("F6_E2M3", 6, 1, False),
+    DType("F6_E3M2", 6, 1, False),
+    DType("I16", 16, 2, False),
+    DType("U16", 16, 2, False),
+    DType("F16", 16, 2, True),
+    DType("BF16", 16, 2, True),
+    DType("I32", 32, 4, False),
+    DType("U32", 32, 4, False),
+    DType("F32", 32, 4, True),
+    DType("I64", 64, 8, False),
+    DType("U64", 64, 8, False),
+    DType("F64", 64, 8, True),
+    DType("C64", 64, 4, True),  # two F32 words
+    DType("C128", 128, 8, True),  # two F64 words
+]
+
+DTYPES: dict[str, DType] = {d.name: d for d in _TABLE}
+
+
+def lookup(name: str) -> DType | None:
+    """Return the DType called ``name``, or None for a type we do not know."""
+    return DTYPES.get(name)

@@ -1,0 +1,22 @@
+"""Checkpoint formats: each one tells where a file's tensors lie; the rest is generic."""
+
+from __future__ import annotations
+
+from git_theta.errors import CheckpointError
+from git_theta.formats.base import CheckpointFormat
+from git_theta.registry import Registry
+
+FORMATS: Registry[CheckpointFormat] = Registry("git_theta.plugins.checkpoints", "checkpoint format")
+
+
+def detect(head: bytes, path: str) -> CheckpointFormat:
+    """Return the format whose signature matches ``head`` (the file's first bytes).
+
+    Raises CheckpointError naming the formats tried when none matches.
+    """
+    formats = FORMATS.all()
+    for key in sorted(formats):
+        if formats[key].sniff(head, path):
+            return formats[key]
+    known = ", ".join(sorted(formats))
+    raise CheckpointError(f"not a checkpoint in a known format (known: {known})")

@@ -1,0 +1,56 @@
+"""Ordered, memory-bounded parallel map: the codec and hashes release the GIL."""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+WORKERS = max(1, min(8, os.cpu_count() or 1))
+BUDGET = 256 << 20  # bytes of input in flight; one larger item is always allowed
+
+
+def ordered_map(
+    fn: Callable[[T], R],
+    items: Iterable[T],
+    weight: Callable[[T], int],
+    budget: int = BUDGET,
+    workers: int = WORKERS,
+) -> Iterator[R]:
+    """Yield ``fn(item)`` for each item, in order, running up to ``workers`` at once.
+
+    Items are pulled from ``items`` only while less than ``budget`` bytes are in flight,
+    so a lazy input (a stream being read) is never far ahead of its consumer.
+    """
+    it = iter(items)
+    pending: deque[tuple[Future[R], int]] = deque()
+    inflight = 0
+    with ThreadPoolExecutor(workers, thread_name_prefix="theta") as pool:
+        try:
+            exhausted = False
+            while True:
+                while not exhausted and len(pending) < 2 * workers and (
+                    not pending or inflight < budget
+                ):
+                    try:
+                        item = next(it)
+                    except StopIteration:
+                        exhausted = True
+                        break
+                    w = weight(item)
+                    pending.append((pool.submit(fn, item), w))
+                    inflight += w
+                if not pending:
+                    return
+                future, w = pending.popleft()
+                result = future.result()
+                inflight -= w
+                yield result
+        finally:
+            for future, _ in pending:
+                future.cancel()

@@ -1,0 +1,44 @@
+"""The one place git-theta starts a subprocess."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Mapping
+
+from git_theta.errors import CommandError
+
+
+def run(
+    *argv: str,
+    stdin: bytes | None = None,
+    check: bool = True,
+    cwd: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> subprocess.CompletedProcess[bytes]:
+    """Run ``argv`` (never through a shell) and return the finished process.
+
+    Raises CommandError with the command, exit code and last stderr line when ``check``
+    is set and the command fails, or FileNotFoundError's message when it is not installed.
+    """
+    try:
+        done = subprocess.run(
+            argv,
+            input=stdin,
+            capture_output=True,
+            cwd=cwd,
+            env=None if env is None else dict(env),
+            check=False,
+        )
+    except FileNotFoundError as exc:
+        raise CommandError(argv, 127, b"", f"{argv[0]}: command not found".encode()) from exc
+    if check and done.returncode != 0:
+        raise CommandError(argv, done.returncode, done.stdout, done.stderr)
+    return done
+
+
+def run_attached(*argv: str) -> int:
+    """Run ``argv`` with the terminal attached (its output is the user's); return its code."""
+    try:
+        return subprocess.run(argv, check=False).returncode
+    except FileNotFoundError:
+        raise CommandError(argv, 127, b"", f"{argv[0]}: command not found".encode()) from None

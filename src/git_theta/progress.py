@@ -1,0 +1,67 @@
+"""Progress lines on stderr for work that takes more than a second."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from git_theta.settings import env_flag
+
+DELAY = 1.0
+INTERVAL = 0.2
+
+
+def _git_is_quiet() -> bool:
+    """True when the git command that started us was given -q/--quiet (Linux only)."""
+    try:
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as fh:
+            args = fh.read().split(b"\0")
+    except OSError:
+        return False
+    return b"--quiet" in args or b"-q" in args
+
+
+def enabled() -> bool:
+    """Return True when progress should be shown: a terminal, and nobody asked for quiet."""
+    return sys.stderr.isatty() and not env_flag("GIT_THETA_QUIET") and not _git_is_quiet()
+
+
+class Progress:
+    """Counts tensors and bytes; prints at most every INTERVAL once DELAY has passed."""
+
+    def __init__(self, label: str, total_bytes: int, total_items: int, show: bool | None = None):
+        self.label = label
+        self.total_bytes = total_bytes
+        self.total_items = total_items
+        self.done_bytes = 0
+        self.done_items = 0
+        self.show = enabled() if show is None else show
+        self.start = time.monotonic()
+        self._last = 0.0
+        self._printed = False
+
+    def advance(self, nbytes: int, items: int = 1) -> None:
+        self.done_bytes += nbytes
+        self.done_items += items
+        if not self.show:
+            return
+        now = time.monotonic()
+        if now - self.start >= DELAY and now - self._last >= INTERVAL:
+            self._last = now
+            self._print(now)
+
+    def _print(self, now: float) -> None:
+        rate = self.done_bytes / max(now - self.start, 1e-9) / 1e6
+        sys.stderr.write(
+            f"\rgit-theta: {self.label}: {self.done_items}/{self.total_items} tensors, "
+            f"{self.done_bytes / 1e6:.1f}/{self.total_bytes / 1e6:.1f} MB, {rate:.0f} MB/s"
+        )
+        sys.stderr.flush()
+        self._printed = True
+
+    def close(self) -> None:
+        if self._printed:
+            self._print(time.monotonic())
+            sys.stderr.write("\n")
+            sys.stderr.flush()

@@ -1,0 +1,100 @@
+"""Git's long-running filter protocol (gitattributes(5), "Long Running Filter Process").
+
+This module knows requests and statuses, not checkpoints: each request's content is handed
+to a handler as a readable stream, and what the handler writes goes back to git.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import BinaryIO, Protocol
+
+from git_theta.protocol.pktline import (
+    PacketReader,
+    PacketWriter,
+    ProtocolError,
+    read_text_list,
+    write_flush,
+    write_text,
+)
+
+
+class Source(Protocol):
+    def read(self, n: int = -1, /) -> bytes: ...
+    def readinto(self, out: memoryview, /) -> int: ...
+
+
+class Sink(Protocol):
+    def write(self, data: bytes | bytearray | memoryview, /) -> int: ...
+
+
+# handler(source, sink, pathname); raises to report status=error for this path only.
+Handler = Callable[[Source, Sink, str], None]
+ErrorReporter = Callable[[BaseException, str], None]
+
+
+class _Response:
+    """Sends ``status=success`` only once the handler writes, so early errors stay clean."""
+
+    def __init__(self, out: BinaryIO):
+        self._out = out
+        self._content: PacketWriter | None = None
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        if self._content is None:
+            write_text(self._out, "status=success")
+            self._content = PacketWriter(self._out)
+        return self._content.write(data)
+
+    def finish(self) -> None:
+        if self._content is None:
+            write_text(self._out, "status=success")
+            self._content = PacketWriter(self._out)
+        self._content.close()
+        write_flush(self._out)  # empty list: keep status=success
+
+    def fail(self) -> None:
+        if self._content is not None:
+            self._content.close()
+        write_text(self._out, "status=error")
+
+
+def serve(
+    handlers: dict[str, Handler],
+    on_error: ErrorReporter,
+    stdin: BinaryIO | None = None,
+    stdout: BinaryIO | None = None,
+) -> int:
+    """Serve git's filter requests until git closes the pipe; return an exit code."""
+    inp = stdin if stdin is not None else sys.stdin.buffer
+    out = stdout if stdout is not None else sys.stdout.buffer
+    if read_text_list(inp) != ["git-filter-client", "version=2"]:
+        raise ProtocolError("unexpected filter handshake from git")
+    write_text(out, "git-filter-server", "version=2")
+    offered = {line.removeprefix("capability=") for line in read_text_list(inp)}
+    write_text(out, *(f"capability={c}" for c in ("clean", "smudge") if c in offered))
+    out.flush()
+    while True:
+        try:
+            header = read_text_list(inp)
+        except EOFError:
+            return 0
+        fields = dict(line.split("=", 1) for line in header if "=" in line)
+        command = fields.get("command", "")
+        path = fields.get("pathname", "")
+        source = PacketReader(inp)
+        response = _Response(out)
+        handler = handlers.get(command)
+        try:
+            if handler is None:
+                raise ProtocolError(f"unsupported filter command {command!r}")
+            handler(source, response, path)
+        except Exception as exc:  # one bad file must not stop the other files
+            source.drain()
+            on_error(exc, path)
+            response.fail()
+        else:
+            source.drain()
+            response.finish()
+        out.flush()

@@ -1,0 +1,150 @@
+"""pkt-line framing (gitprotocol-common(5)): a 4-hex-digit length, then the payload."""
+
+from __future__ import annotations
+
+from typing import BinaryIO
+
+MAX_PAYLOAD = 65516
+FLUSH = b"0000"
+
+
+class ProtocolError(Exception):
+    """The peer sent something that is not valid pkt-line data."""
+
+
+def _read_exact(stream: BinaryIO, n: int) -> bytes:
+    data = stream.read(n)
+    if data is None or len(data) != n:
+        raise EOFError("pkt-line stream ended early")
+    return data
+
+
+def read_packet(stream: BinaryIO) -> bytes | None:
+    """Return one packet's payload, or None for a flush packet.
+
+    Raises EOFError when the stream ends at a packet boundary or inside a packet.
+    """
+    head = stream.read(4)
+    if not head:
+        raise EOFError("pkt-line stream closed")
+    if len(head) != 4:
+        raise EOFError("pkt-line stream ended inside a length")
+    try:
+        size = int(head, 16)
+    except ValueError as exc:
+        raise ProtocolError(f"bad pkt-line length {head!r}") from exc
+    if size == 0:
+        return None
+    if size < 4 or size - 4 > MAX_PAYLOAD:
+        raise ProtocolError(f"bad pkt-line length {size}")
+    return _read_exact(stream, size - 4)
+
+
+def read_text_list(stream: BinaryIO) -> list[str]:
+    """Read text packets up to the next flush and return them without trailing newlines."""
+    out: list[str] = []
+    while (packet := read_packet(stream)) is not None:
+        out.append(packet.decode().rstrip("\n"))
+    return out
+
+
+def write_text(stream: BinaryIO, *lines: str) -> None:
+    """Write each line as one text packet, then a flush packet."""
+    for line in lines:
+        data = (line + "\n").encode()
+        stream.write(b"%04x" % (len(data) + 4) + data)
+    stream.write(FLUSH)
+
+
+def write_flush(stream: BinaryIO) -> None:
+    """Write a flush packet."""
+    stream.write(FLUSH)
+
+
+class PacketReader:
+    """Reads the content of one request (packets up to a flush) as a byte stream.
+
+    ``read(n)`` returns fewer than ``n`` bytes only at the end of the content.
+    """
+
+    def __init__(self, stream: BinaryIO):
+        self._stream = stream
+        self._buf = memoryview(b"")
+        self._done = False
+
+    def _fill(self) -> bool:
+        if self._done:
+            return False
+        packet = read_packet(self._stream)
+        if packet is None:
+            self._done = True
+            return False
+        self._buf = memoryview(packet)
+        return True
+
+    def readinto(self, out: memoryview) -> int:
+        """Fill ``out`` as far as the content allows; return the number of bytes written."""
+        filled = 0
+        while filled < len(out):
+            if not self._buf and not self._fill():
+                break
+            take = min(len(self._buf), len(out) - filled)
+            out[filled : filled + take] = self._buf[:take]
+            self._buf = self._buf[take:]
+            filled += take
+        return filled
+
+    def read(self, n: int = -1) -> bytes:
+        """Return up to ``n`` bytes (all remaining when ``n`` < 0)."""
+        if n < 0:
+            parts = [bytes(self._buf)]
+            self._buf = memoryview(b"")
+            while self._fill():
+                parts.append(bytes(self._buf))
+                self._buf = memoryview(b"")
+            return b"".join(parts)
+        out = bytearray(n)
+        got = self.readinto(memoryview(out))
+        del out[got:]
+        return bytes(out)
+
+    def drain(self) -> None:
+        """Discard the rest of the content, up to and including its flush."""
+        self._buf = memoryview(b"")
+        while self._fill():
+            self._buf = memoryview(b"")
+
+
+class PacketWriter:
+    """Writes a byte stream as content packets; ``close`` ends it with a flush."""
+
+    def __init__(self, stream: BinaryIO):
+        self._stream = stream
+        self._pending = bytearray()
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        view = memoryview(data).cast("B")
+        total = len(view)
+        if self._pending:
+            take = min(MAX_PAYLOAD - len(self._pending), len(view))
+            self._pending += view[:take]
+            view = view[take:]
+            if len(self._pending) == MAX_PAYLOAD:
+                self._emit(self._pending)
+                self._pending = bytearray()
+        while len(view) >= MAX_PAYLOAD:
+            self._emit(view[:MAX_PAYLOAD])
+            view = view[MAX_PAYLOAD:]
+        if view:
+            self._pending += view
+        return total
+
+    def _emit(self, payload: bytes | bytearray | memoryview) -> None:
+        self._stream.write(b"%04x" % (len(payload) + 4))
+        self._stream.write(payload)
+
+    def close(self) -> None:
+        if self._pending:
+            self._emit(self._pending)
+            self._pending = bytearray()
+        self._stream.write(FLUSH)

@@ -1,0 +1,53 @@
+"""One plugin registry class, used for checkpoint formats (and later update types, merges).
+
+Plugins are found through entry points, loaded lazily by key; the key a plugin is
+registered under is the key the manifest records.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+from typing import Generic, TypeVar
+
+from git_theta.errors import ThetaError, UnknownPluginError
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """Maps keys to plugin instances of one kind."""
+
+    def __init__(self, group: str, kind: str):
+        self.group = group
+        self.kind = kind
+        self._plugins: dict[str, T] = {}
+        self._scanned = False
+
+    def register(self, key: str, plugin: T) -> None:
+        """Add ``plugin`` under ``key``. Raises ThetaError if the key is taken."""
+        if key in self._plugins:
+            raise ThetaError(f"{self.kind} {key!r} is already registered")
+        self._plugins[key] = plugin
+
+    def _scan(self) -> None:
+        if self._scanned:
+            return
+        self._scanned = True
+        for ep in entry_points(group=self.group):
+            if ep.name not in self._plugins:
+                self._plugins[ep.name] = ep.load()()
+
+    def get(self, key: str) -> T:
+        """Return the plugin for ``key``. Raises UnknownPluginError listing what exists."""
+        if key not in self._plugins:
+            self._scan()
+        try:
+            return self._plugins[key]
+        except KeyError:
+            known = ", ".join(sorted(self._plugins)) or "none"
+            raise UnknownPluginError(f"unknown {self.kind} {key!r} (available: {known})") from None
+
+    def all(self) -> dict[str, T]:
+        """Return every registered plugin by key."""
+        self._scan()
+        return dict(self._plugins)

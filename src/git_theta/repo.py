@@ -1,0 +1,31 @@
+"""The repository a command works in, with what it needs looked up once."""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+from git_theta import git
+from git_theta.errors import ManifestError
+from git_theta.manifest import Manifest, is_manifest, parse
+from git_theta.store import ObjectStore
+
+
+class Repo:
+    """Lazily resolves the object store; one instance serves a whole filter process."""
+
+    def __init__(self, cwd: str | None = None):
+        self.cwd = cwd
+
+    @cached_property
+    def store(self) -> ObjectStore:
+        return ObjectStore(git.lfs_storage_dir(self.cwd))
+
+    def staged_manifest(self, path: str) -> Manifest | None:
+        """Return the manifest staged for ``path``, or None when there is none to reuse."""
+        blob = git.index_blob(path, self.cwd)
+        if blob is None or not is_manifest(blob):
+            return None
+        try:
+            return parse(blob)
+        except ManifestError:
+            return None

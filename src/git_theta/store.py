@@ -1,0 +1,75 @@
+"""Content objects kept where git-lfs keeps its objects, so any LFS remote can carry them.
+
+An object is named by the sha256 of its bytes (a Git LFS oid). Writes go to a unique
+temporary file in the LFS tmp directory and are renamed into place; reads verify the oid.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from git_theta.errors import ObjectCorruptError, ObjectMissingError
+
+_counter = itertools.count()
+
+
+@dataclass(frozen=True)
+class ObjectRef:
+    """A stored object: its oid (sha256 hex) and byte size."""
+
+    oid: str
+    size: int
+
+
+class ObjectStore:
+    """The git-lfs object directory of one repository."""
+
+    def __init__(self, lfs_dir: Path):
+        self.root = lfs_dir / "objects"
+        self.tmp = lfs_dir / "tmp"
+
+    def path(self, oid: str) -> Path:
+        """Return where the object ``oid`` lives (git-lfs's ``aa/bb/oid`` layout)."""
+        return self.root / oid[0:2] / oid[2:4] / oid
+
+    def has(self, ref: ObjectRef) -> bool:
+        """Return True when the object is present with the expected size."""
+        try:
+            return self.path(ref.oid).stat().st_size == ref.size
+        except FileNotFoundError:
+            return False
+
+    def put(self, data: bytes) -> ObjectRef:
+        """Store ``data`` (if not already present) and return its reference."""
+        ref = ObjectRef(hashlib.sha256(data).hexdigest(), len(data))
+        final = self.path(ref.oid)
+        if final.exists():
+            return ref
+        final.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        tmp = self.tmp / f"theta-{os.getpid()}-{next(_counter)}-{ref.oid[:16]}"
+        try:
+            with open(tmp, "xb") as fh:
+                fh.write(data)
+            os.replace(tmp, final)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return ref
+
+    def get(self, ref: ObjectRef) -> bytes:
+        """Return the object's bytes after checking them against its oid.
+
+        Raises ObjectMissingError when it is absent and ObjectCorruptError on a mismatch.
+        """
+        try:
+            data = self.path(ref.oid).read_bytes()
+        except FileNotFoundError:
+            raise ObjectMissingError(f"object {ref.oid} is not in the local store") from None
+        if len(data) != ref.size or hashlib.sha256(data).hexdigest() != ref.oid:
+            raise ObjectCorruptError(f"object {ref.oid} is corrupt (its sha256 does not match)")
+        return data
