@@ -7,6 +7,7 @@ from git_theta.content import content_hash
 from git_theta.dtypes import lookup
 from git_theta.errors import ObjectCorruptError, ThetaError, UnknownPluginError
 from git_theta.manifest import Link, TensorEntry
+from git_theta.parallel import chunk_pool
 from git_theta.store import ObjectStore
 
 CODEC = "gtho1"
@@ -22,22 +23,22 @@ def layout_for(dtype: str) -> codec.Layout:
 
 def store_dense(data: bytes | bytearray | memoryview, dtype: str, store: ObjectStore) -> Link:
     """Encode ``data`` as a fresh dense value, store it and return its chain link."""
-    return Link("dense", CODEC, store.put(codec.encode(data, layout_for(dtype))))
+    return Link("dense", CODEC, store.put(codec.encode(data, layout_for(dtype), pool=chunk_pool())))
 
 
-def rebuild(name: str, entry: TensorEntry, store: ObjectStore) -> bytes:
+def rebuild(name: str, entry: TensorEntry, store: ObjectStore) -> bytearray:
     """Return the exact bytes of tensor ``name``, verified against its content hash.
 
     Raises a ThetaError naming the tensor and the object when anything is missing or wrong.
     """
     if not entry.chain:
         raise ObjectCorruptError(f"tensor {name!r} has an empty chain")
-    value: bytes | None = None
+    value: bytearray | None = None
     for link in entry.chain:
         try:
             if link.update != "dense":
                 raise UnknownPluginError(f"unknown update type {link.update!r}")
-            value = codec.decode(store.get(link.ref))
+            value = codec.decode(store.get(link.ref), pool=chunk_pool())
         except ThetaError as exc:
             raise type(exc)(f"tensor {name!r}: {exc}") from None
     assert value is not None

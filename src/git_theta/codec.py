@@ -21,6 +21,7 @@ from __future__ import annotations
 import struct
 import threading
 import zlib
+from concurrent.futures import Executor
 from dataclasses import dataclass
 
 import numpy as np
@@ -105,54 +106,88 @@ class Layout:
     rotate: bool = False
 
 
-def _planes(chunk: memoryview, layout: Layout) -> np.ndarray:
-    """Return a (word, n) uint8 array whose row k is byte k (most significant first)."""
+def _rotl1(words: np.ndarray) -> np.ndarray:
+    """Rotate each word left by one bit: the sign bit moves below the mantissa."""
+    out = words << np.array(1, dtype=words.dtype)
+    out |= words >> np.array(words.itemsize * 8 - 1, dtype=words.dtype)
+    return out
+
+
+def _planes(chunk: memoryview, layout: Layout) -> list[np.ndarray]:
+    """Return byte k of every word as plane k, most significant byte first."""
     words = np.frombuffer(chunk, dtype=_UINT[layout.word])
     if layout.rotate:
-        bits = layout.word * 8
-        words = (words << np.uint64(1).astype(words.dtype)) | (
-            words >> np.uint64(bits - 1).astype(words.dtype)
-        )
-    grid = words.astype(words.dtype.newbyteorder("<"), copy=False).view(np.uint8)
-    grid = grid.reshape(-1, layout.word)[:, ::-1]
-    return np.ascontiguousarray(grid.T)
+        words = _rotl1(words)
+    grid = words.view(np.uint8).reshape(-1, layout.word)
+    # Column copies are several times faster than a full transpose in numpy.
+    return [grid[:, k].copy() for k in range(layout.word - 1, -1, -1)]
 
 
-def _join(planes: np.ndarray, layout: Layout) -> bytes:
-    grid = np.ascontiguousarray(planes[::-1].T)
-    words = grid.view(_UINT[layout.word]).reshape(-1)
+def _join_into(out: np.ndarray, planes: list[bytes], layout: Layout) -> None:
+    """Inverse of ``_planes``: interleave ``planes`` into the uint8 array ``out``."""
+    grid = out.reshape(-1, layout.word)
+    for k, plane in zip(range(layout.word - 1, -1, -1), planes, strict=True):
+        grid[:, k] = np.frombuffer(plane, dtype=np.uint8)
     if layout.rotate:
-        bits = layout.word * 8
-        words = (words >> np.uint64(1).astype(words.dtype)) | (
-            words << np.uint64(bits - 1).astype(words.dtype)
-        )
-    return words.astype(_UINT[layout.word], copy=False).tobytes()
+        words = out.view(_UINT[layout.word])
+        low = words << np.array(layout.word * 8 - 1, dtype=words.dtype)
+        words >>= np.array(1, dtype=words.dtype)
+        words |= low
 
 
-def encode(data: bytes | bytearray | memoryview, layout: Layout = Layout(), level: int = 1) -> bytes:
-    """Return the content object for ``data``; deterministic for equal input."""
-    view = memoryview(data).cast("B")
-    if layout.word > 1 and len(view) % layout.word:
-        layout = Layout()
-    word = layout.word
-    chunk_bytes = CHUNK_WORDS * word
-    parts = [
-        _HEAD.pack(MAGIC, VERSION, word, int(layout.rotate), 0, len(view), CHUNK_WORDS),
-    ]
-    for start in range(0, len(view), chunk_bytes):
-        chunk = view[start : start + chunk_bytes]
-        if word == 1:
-            rows = [np.frombuffer(chunk, dtype=np.uint8)]
-        else:
-            rows = list(_planes(chunk, layout))
-        for row in rows:
-            method, payload = _pack_plane(row, level)
-            parts.append(_PLANE.pack(method, len(payload)))
-            parts.append(payload)
+def _encode_chunk(chunk: memoryview, layout: Layout, level: int) -> bytes:
+    rows = [np.frombuffer(chunk, dtype=np.uint8)] if layout.word == 1 else _planes(chunk, layout)
+    parts = []
+    for row in rows:
+        method, payload = _pack_plane(row, level)
+        parts.append(_PLANE.pack(method, len(payload)))
+        parts.append(payload)
     return b"".join(parts)
 
 
-def decode(obj: bytes | memoryview) -> bytes:
+def encode(
+    data: bytes | bytearray | memoryview,
+    layout: Layout = Layout(),
+    level: int = 1,
+    pool: Executor | None = None,
+) -> bytes:
+    """Return the content object for ``data``; deterministic for equal input.
+
+    With ``pool``, the chunks of a large buffer are encoded in parallel.
+    """
+    view = memoryview(data).cast("B")
+    if layout.word > 1 and len(view) % layout.word:
+        layout = Layout()
+    chunk_bytes = CHUNK_WORDS * layout.word
+    head = _HEAD.pack(MAGIC, VERSION, layout.word, int(layout.rotate), 0, len(view), CHUNK_WORDS)
+    chunks = [view[i : i + chunk_bytes] for i in range(0, len(view), chunk_bytes)]
+    if pool is not None and len(chunks) > 1:
+        parts = list(pool.map(lambda c: _encode_chunk(c, layout, level), chunks))
+    else:
+        parts = [_encode_chunk(c, layout, level) for c in chunks]
+    return head + b"".join(parts)
+
+
+def _decode_chunk(
+    view: memoryview, pos: int, out: np.ndarray, layout: Layout
+) -> None:
+    """Decode the chunk whose planes start at ``view[pos]`` into ``out``."""
+    word = layout.word
+    rows = []
+    for _ in range(word):
+        method, n = _PLANE.unpack_from(view, pos)
+        pos += _PLANE.size
+        if pos + n > len(view):
+            raise ObjectCorruptError("content object is truncated")
+        rows.append(_unpack_plane(method, view[pos : pos + n], out.size // word))
+        pos += n
+    if word == 1:
+        out[:] = np.frombuffer(rows[0], dtype=np.uint8)
+    else:
+        _join_into(out, rows, layout)
+
+
+def decode(obj: bytes | memoryview, pool: Executor | None = None) -> bytearray:
     """Return the bytes stored in content object ``obj``.
 
     Raises ObjectCorruptError when the object is malformed or of an unknown version.
@@ -169,26 +204,25 @@ def decode(obj: bytes | memoryview) -> bytes:
         raise ObjectCorruptError("content object header is corrupt")
     layout = Layout(word, bool(flags & 1))
     out = bytearray(length)
-    pos = _HEAD.size
+    flat = np.frombuffer(out, dtype=np.uint8)
     chunk_bytes = chunk_words * word
+    # Find every chunk's start first (lengths only), then decode them, in parallel if asked.
+    jobs = []
+    pos = _HEAD.size
     try:
         for start in range(0, length, chunk_bytes):
-            size = min(chunk_bytes, length - start)
-            rows = []
+            jobs.append((pos, flat[start : start + chunk_bytes]))
             for _ in range(word):
-                method, n = _PLANE.unpack_from(view, pos)
-                pos += _PLANE.size
-                if pos + n > len(view):
-                    raise ObjectCorruptError("content object is truncated")
-                rows.append(_unpack_plane(method, view[pos : pos + n], size // word))
-                pos += n
-            if word == 1:
-                out[start : start + size] = rows[0]
-            else:
-                planes = np.frombuffer(b"".join(rows), dtype=np.uint8).reshape(word, -1)
-                out[start : start + size] = _join(planes, layout)
+                _, n = _PLANE.unpack_from(view, pos)
+                pos += _PLANE.size + n
+        if pos != len(view):
+            raise ObjectCorruptError("content object is truncated or has trailing bytes")
+        if pool is not None and len(jobs) > 1:
+            for _ in pool.map(lambda j: _decode_chunk(view, j[0], j[1], layout), jobs):
+                pass
+        else:
+            for chunk_pos, chunk_out in jobs:
+                _decode_chunk(view, chunk_pos, chunk_out, layout)
     except (zlib.error, zstandard.ZstdError, struct.error) as exc:
         raise ObjectCorruptError(f"content object is corrupt: {exc}") from exc
-    if pos != len(view):
-        raise ObjectCorruptError("content object has trailing bytes")
-    return bytes(out)
+    return out

@@ -54,3 +54,15 @@ def ordered_map(
         finally:
             for future, _ in pending:
                 future.cancel()
+
+
+_chunk_pool: ThreadPoolExecutor | None = None
+
+
+def chunk_pool() -> ThreadPoolExecutor:
+    """A shared pool for the chunks of one large tensor (separate from ordered_map's
+    workers, which wait on it, so the two can never deadlock)."""
+    global _chunk_pool
+    if _chunk_pool is None:
+        _chunk_pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="theta-chunk")
+    return _chunk_pool

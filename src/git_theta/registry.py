@@ -6,7 +6,6 @@ registered under is the key the manifest records.
 
 from __future__ import annotations
 
-from importlib.metadata import entry_points
 from typing import Generic, TypeVar
 
 from git_theta.errors import ThetaError, UnknownPluginError
@@ -33,6 +32,8 @@ class Registry(Generic[T]):
         if self._scanned:
             return
         self._scanned = True
+        from importlib.metadata import entry_points  # slow import: only when needed
+
         for ep in entry_points(group=self.group):
             if ep.name not in self._plugins:
                 self._plugins[ep.name] = ep.load()()
@@ -47,7 +48,8 @@ class Registry(Generic[T]):
             known = ", ".join(sorted(self._plugins)) or "none"
             raise UnknownPluginError(f"unknown {self.kind} {key!r} (available: {known})") from None
 
-    def all(self) -> dict[str, T]:
-        """Return every registered plugin by key."""
-        self._scan()
+    def all(self, scan: bool = True) -> dict[str, T]:
+        """Return every registered plugin by key (built-ins only when ``scan`` is false)."""
+        if scan:
+            self._scan()
         return dict(self._plugins)

@@ -55,7 +55,7 @@ def smudge(
     names = [item for item in manifest.layout if isinstance(item, str)]
     progress = Progress(f"checking out {path}", manifest.size, len(names), show_progress)
 
-    def rebuild(name: str) -> bytes:
+    def rebuild(name: str) -> bytearray:
         return chains.rebuild(name, manifest.tensors[name], store)
 
     def weight(name: str) -> int:

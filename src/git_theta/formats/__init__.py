@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from git_theta.errors import CheckpointError
 from git_theta.formats.base import CheckpointFormat
+from git_theta.formats.safetensors import SafetensorsFormat
 from git_theta.registry import Registry
 
 FORMATS: Registry[CheckpointFormat] = Registry("git_theta.plugins.checkpoints", "checkpoint format")
+# Built-ins are registered directly so the filter does not pay for an entry-point scan.
+FORMATS.register(SafetensorsFormat.key, SafetensorsFormat())
 
 
 def detect(head: bytes, path: str) -> CheckpointFormat:
@@ -14,9 +17,10 @@ def detect(head: bytes, path: str) -> CheckpointFormat:
 
     Raises CheckpointError naming the formats tried when none matches.
     """
-    formats = FORMATS.all()
-    for key in sorted(formats):
-        if formats[key].sniff(head, path):
-            return formats[key]
+    for scan in (False, True):
+        formats = FORMATS.all(scan)
+        for key in sorted(formats):
+            if formats[key].sniff(head, path):
+                return formats[key]
     known = ", ".join(sorted(formats))
     raise CheckpointError(f"not a checkpoint in a known format (known: {known})")
