@@ -72,7 +72,7 @@ def _check_spans(spans: list[TensorSpan], header_end: int) -> list[TensorSpan]:
         seen.add(span.name)
         if span.start < pos:
             raise CheckpointError(
-                "header lies about offsets: tensor {span.name!r} overlaps "
+                f"header lies about offsets: tensor {span.name!r} overlaps "
                 "the header or another tensor"
             )
         pos = span.end

@@ -108,7 +108,7 @@ class Layout:
 
 def _rotl1(words: np.ndarray) -> np.ndarray:
     """Rotate each word left by one bit: the sign bit moves below the mantissa."""
-    out = words << np.array(1, dtype=words.dtype)
+    out: np.ndarray = words << np.array(1, dtype=words.dtype)
     out |= words >> np.array(words.itemsize * 8 - 1, dtype=words.dtype)
     return out
 
@@ -168,9 +168,7 @@ def encode(
     return head + b"".join(parts)
 
 
-def _decode_chunk(
-    view: memoryview, pos: int, out: np.ndarray, layout: Layout
-) -> None:
+def _decode_chunk(view: memoryview, pos: int, out: np.ndarray, layout: Layout) -> None:
     """Decode the chunk whose planes start at ``view[pos]`` into ``out``."""
     word = layout.word
     rows = []

@@ -19,7 +19,9 @@ NO_FILTER = (
 )  # fmt: skip
 
 
-def git(*args: str, check: bool = True, cwd: str | None = None, stdin: bytes | None = None) -> bytes:
+def git(
+    *args: str, check: bool = True, cwd: str | None = None, stdin: bytes | None = None
+) -> bytes:
     """Run ``git ARGS`` with our filter disabled and return its stdout."""
     return run("git", *NO_FILTER, *args, check=check, cwd=cwd, stdin=stdin).stdout
 

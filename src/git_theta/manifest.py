@@ -71,7 +71,9 @@ class Manifest:
         lines.append(",\n".join(items))
         lines.append(" ],")
         lines.append(' "tensors": {')
-        entries = [f"  {d(name)}: {d(_entry_dict(self.tensors[name]))}" for name in sorted(self.tensors)]
+        entries = [
+            f"  {d(name)}: {d(_entry_dict(self.tensors[name]))}" for name in sorted(self.tensors)
+        ]
         lines.append(",\n".join(entries))
         lines.append(" }")
         lines.append("}")

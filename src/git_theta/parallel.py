@@ -34,8 +34,10 @@ def ordered_map(
         try:
             exhausted = False
             while True:
-                while not exhausted and len(pending) < 2 * workers and (
-                    not pending or inflight < budget
+                while (
+                    not exhausted
+                    and len(pending) < 2 * workers
+                    and (not pending or inflight < budget)
                 ):
                     try:
                         item = next(it)

@@ -46,9 +46,7 @@ def smudge(
     if missing:
         what, oid = missing[0]
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-        raise ObjectMissingError(
-            f"object {oid} for {what}{more} is not in the local Git LFS store"
-        )
+        raise ObjectMissingError(f"object {oid} for {what}{more} is not in the local Git LFS store")
     glue = codec.decode(store.get(manifest.glue.ref))
     if content_hash(glue) != manifest.glue.hash:
         raise ObjectCorruptError(f"header object {manifest.glue.ref.oid} is corrupt")

@@ -34,8 +34,6 @@ def _parser() -> argparse.ArgumentParser:
     for name in ("clean", "smudge"):
         p = sub.add_parser(name, help=f"one-shot {name} filter (used by git)")
         p.add_argument("path", metavar="PATH")
-    p = sub.add_parser("textconv", help="render a manifest for git diff (used by git)")
-    p.add_argument("file", metavar="FILE")
     return parser
 
 
@@ -63,10 +61,6 @@ def main(argv: list[str] | None = None) -> int:
             from git_theta.commands.filter import one_shot
 
             return one_shot(args.command, args.path)
-        if args.command == "textconv":
-            from git_theta.commands.textconv import textconv
-
-            return textconv(args.file)
     except Exception as exc:
         return report(exc)
     raise AssertionError(f"unhandled command {args.command}")

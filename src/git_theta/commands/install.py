@@ -12,7 +12,6 @@ SETTINGS = (
     ("filter.theta.clean", "git-theta clean -- %f"),
     ("filter.theta.smudge", "git-theta smudge -- %f"),
     ("filter.theta.required", "true"),
-    ("diff.theta.textconv", "git-theta textconv"),
 )
 
 LFS_MISSING = (

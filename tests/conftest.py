@@ -1,0 +1,67 @@
+"""Hermetic git: every test gets its own HOME and global config, and repos under tmp_path."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from git_theta.commands.cli import main
+
+BIN = str(Path(sys.executable).parent)
+
+
+@pytest.fixture(autouse=True)
+def hermetic_git(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(home / ".gitconfig"))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    for who in ("AUTHOR", "COMMITTER"):
+        monkeypatch.setenv(f"GIT_{who}_NAME", "Theta Test")
+        monkeypatch.setenv(f"GIT_{who}_EMAIL", "theta@example.com")
+        monkeypatch.setenv(f"GIT_{who}_DATE", "2026-01-01T00:00:00Z")
+    monkeypatch.setenv("PATH", BIN + os.pathsep + os.environ["PATH"])
+    monkeypatch.setenv("GIT_THETA_QUIET", "1")
+    monkeypatch.delenv("GIT_DIR", raising=False)
+    monkeypatch.delenv("GIT_WORK_TREE", raising=False)
+    (home / ".gitconfig").write_text("[init]\n\tdefaultBranch = main\n")
+    return home
+
+
+def git(
+    repo: Path, *args: str, check: bool = True, stdin: bytes | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    """Run real git in ``repo``; on failure show its stderr."""
+    done = subprocess.run(["git", *args], cwd=repo, capture_output=True, input=stdin)
+    if check and done.returncode != 0:
+        raise AssertionError(f"git {' '.join(args)} failed: {done.stderr.decode()}")
+    return done
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def lfs_objects(repo: Path) -> set[str]:
+    root = repo / ".git" / "lfs" / "objects"
+    return {p.name for p in root.rglob("*") if p.is_file()} if root.exists() else set()
+
+
+@pytest.fixture
+def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A fresh repository with git-theta installed globally and *.safetensors tracked."""
+    path = tmp_path / "repo"
+    path.mkdir()
+    git(path, "init", "-q")
+    assert main(["install"]) == 0
+    monkeypatch.chdir(path)
+    assert main(["track", "*.safetensors"]) == 0
+    git(path, "add", ".gitattributes")
+    git(path, "commit", "-q", "-m", "track")
+    yield path

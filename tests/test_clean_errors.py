@@ -1,0 +1,85 @@
+"""Bad input gets one clear message and stores nothing that a manifest would point to."""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+from pathlib import Path
+
+import pytest
+from st_files import st_bytes
+
+from git_theta.clean import clean
+from git_theta.errors import CheckpointError, ManifestError
+from git_theta.manifest import parse
+from git_theta.store import ObjectStore
+
+GOOD = st_bytes({"w": ("F32", (4,), b"\0" * 16), "b": ("F32", (2,), b"\1" * 8)})
+
+
+def run_clean(data: bytes, tmp_path: Path) -> bytes:
+    out = io.BytesIO()
+    clean(io.BytesIO(data), out, "m.safetensors", ObjectStore(tmp_path), None, False)
+    return out.getvalue()
+
+
+def header(entries: dict[str, object]) -> bytes:
+    text = json.dumps(entries).encode()
+    return struct.pack("<Q", len(text)) + text
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"", "not a checkpoint in a known format (known: safetensors)"),
+        (b"hello world, this is text", "not a checkpoint in a known format"),
+        (GOOD[:-3], "file is truncated at byte"),
+        (GOOD[:20], "file is truncated at byte 20"),
+        (struct.pack("<Q", 20) + b"{not json at all!!!}", "safetensors header is not valid JSON"),
+        (
+            header({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 8]}}) + b"\0" * 8,
+            "safetensors header lies about tensor 'w': F32 [4] needs 16 bytes but "
+            "data_offsets span 8",
+        ),
+        (
+            header(
+                {
+                    "w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                    "v": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]},
+                }
+            )
+            + b"\0" * 12,
+            "header lies about offsets: tensor 'v' overlaps the header or another tensor",
+        ),
+        (
+            header({"w": {"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}}) + b"\0" * 8,
+            "safetensors header entry 'w' is malformed",
+        ),
+        (
+            header({"w": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}}) + b"\0" * 8,
+            "safetensors header entry 'w' is malformed",
+        ),
+    ],
+)
+def test_bad_checkpoints_are_refused(data: bytes, message: str, tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError) as info:
+        run_clean(data, tmp_path)
+    assert message in str(info.value)
+
+
+def test_trailing_bytes_and_gaps_are_kept(tmp_path: Path) -> None:
+    data = header({"w": {"dtype": "U8", "shape": [2], "data_offsets": [3, 5]}}) + b"gapWWtail"
+    manifest = parse(run_clean(data, tmp_path))
+    assert manifest.size == len(data)
+    assert manifest.layout == (len(data) - 9 + 3, "w", 4)
+
+
+def test_manifest_input_passes_through(tmp_path: Path) -> None:
+    manifest = run_clean(GOOD, tmp_path)
+    assert run_clean(manifest, tmp_path) == manifest
+
+
+def test_newer_manifest_version_is_refused() -> None:
+    with pytest.raises(ManifestError, match="manifest version 99 is newer"):
+        parse(b'{\n "git-theta": 99}')

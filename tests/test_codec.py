@@ -1,0 +1,105 @@
+"""The codec must give back every bit, for every dtype and every odd value."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from git_theta import codec
+from git_theta.chains import layout_for
+from git_theta.dtypes import DTYPES
+from git_theta.errors import ObjectCorruptError
+
+WORDS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def round_trip(data: bytes, dtype: str) -> None:
+    obj = codec.encode(data, layout_for(dtype))
+    assert bytes(codec.decode(obj)) == data
+    assert codec.encode(data, layout_for(dtype)) == obj  # deterministic
+
+
+@settings(max_examples=60, deadline=None)
+@given(dtype=st.sampled_from(sorted(DTYPES)), data=st.data())
+def test_random_bytes_round_trip_for_every_dtype(dtype: str, data: st.DataObject) -> None:
+    item = max(1, DTYPES[dtype].bits // 8)
+    n = data.draw(st.integers(0, 300))
+    raw = data.draw(st.binary(min_size=n * item, max_size=n * item))
+    round_trip(raw, dtype)
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+def test_large_multi_chunk_round_trip(dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(codec, "CHUNK_WORDS", 1000)  # many chunks, and a ragged last one
+    rng = np.random.default_rng(7)
+    normal = (rng.standard_normal(12_345) * 0.02).astype(np.float32).tobytes()
+    width = DTYPES[dtype].bits * 12_345 // 8
+    round_trip((normal * 8)[:width], dtype)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "np_type"), [("F16", np.float16), ("F32", np.float32), ("F64", np.float64)]
+)
+def test_special_float_values_survive(dtype: str, np_type: type[np.floating]) -> None:
+    info = np.finfo(np_type)
+    values = np.array(
+        [
+            0.0,
+            -0.0,
+            np.inf,
+            -np.inf,
+            np.nan,
+            info.tiny,
+            info.tiny / 4,
+            -info.tiny / 8,
+            info.max,
+            1e-30,
+        ],
+        dtype=np_type,
+    )
+    words = values.view(WORDS[values.itemsize]).copy()
+    words[4] |= 0x1  # NaN with a payload
+    signalling = words.copy()
+    signalling[0] = words[4] ^ (1 << (values.itemsize * 8 - 1))  # negative NaN payload
+    raw = np.concatenate([words, signalling] * 50).tobytes()
+    round_trip(raw, dtype)
+
+
+def test_bfloat16_and_float8_with_ml_dtypes() -> None:
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(50_000).astype(np.float32) * 0.05
+    x[:4] = [-0.0, np.inf, np.nan, 1e-40]
+    round_trip(x.astype(ml_dtypes.bfloat16).tobytes(), "BF16")
+    round_trip(x.astype(ml_dtypes.float8_e4m3fn).tobytes(), "F8_E4M3")
+    round_trip(x.astype(ml_dtypes.float8_e5m2).tobytes(), "F8_E5M2")
+
+
+def test_compresses_float_weights() -> None:
+    rng = np.random.default_rng(0)
+    raw = (rng.standard_normal(1 << 20) * 0.02).astype(np.float32).tobytes()
+    assert len(codec.encode(raw, layout_for("F32"))) < 0.86 * len(raw)
+
+
+def test_incompressible_data_costs_only_headers() -> None:
+    raw = np.random.default_rng(1).integers(0, 256, 3 << 20, dtype=np.uint8).tobytes()
+    assert len(codec.encode(raw, layout_for("F32"))) <= len(raw) + 64
+
+
+@pytest.mark.parametrize(
+    ("mangle", "message"),
+    [
+        (lambda b: b[:10], "truncated"),
+        (lambda b: b"XXXX" + b[4:], "not a git-theta content object"),
+        (lambda b: b[:4] + b"\x09" + b[5:], "newer than this git-theta"),
+        (lambda b: b + b"\0", "trailing bytes"),
+        (lambda b: b[:-5], "truncated"),
+    ],
+)
+def test_malformed_objects_are_refused(mangle: object, message: str) -> None:
+    raw = (np.arange(5000, dtype=np.float32) / 7).tobytes()
+    obj = codec.encode(raw, layout_for("F32"))
+    with pytest.raises(ObjectCorruptError, match=message):
+        codec.decode(mangle(obj))  # type: ignore[operator]
