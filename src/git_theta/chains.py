@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from git_theta import codec
+from typing import TYPE_CHECKING
+
 from git_theta.content import content_hash
 from git_theta.dtypes import lookup
 from git_theta.errors import ObjectCorruptError, ThetaError, UnknownPluginError
@@ -10,11 +11,18 @@ from git_theta.manifest import Link, TensorEntry
 from git_theta.parallel import chunk_pool
 from git_theta.store import ObjectStore
 
+if TYPE_CHECKING:
+    from git_theta.codec import Layout
+
 CODEC = "gtho1"
+# codec (numpy, zstd, zlib-ng) is imported on first use: a re-add of a file whose tensors
+# did not change only hashes, and the filter process warms the import in the background.
 
 
-def layout_for(dtype: str) -> codec.Layout:
+def layout_for(dtype: str) -> Layout:
     """Return how to split a tensor of ``dtype`` into byte planes."""
+    from git_theta import codec
+
     known = lookup(dtype)
     if known is None or known.bits % 8 or known.word == 1:
         return codec.Layout()
@@ -23,6 +31,8 @@ def layout_for(dtype: str) -> codec.Layout:
 
 def store_dense(data: bytes | bytearray | memoryview, dtype: str, store: ObjectStore) -> Link:
     """Encode ``data`` as a fresh dense value, store it and return its chain link."""
+    from git_theta import codec
+
     return Link("dense", CODEC, store.put(codec.encode(data, layout_for(dtype), pool=chunk_pool())))
 
 
@@ -31,6 +41,8 @@ def rebuild(name: str, entry: TensorEntry, store: ObjectStore) -> bytearray:
 
     Raises a ThetaError naming the tensor and the object when anything is missing or wrong.
     """
+    from git_theta import codec
+
     if not entry.chain:
         raise ObjectCorruptError(f"tensor {name!r} has an empty chain")
     value: bytearray | None = None

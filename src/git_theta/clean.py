@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from git_theta import chains, codec
+from git_theta import chains
 from git_theta.content import content_hash
 from git_theta.errors import CheckpointError
 from git_theta.formats import detect
@@ -153,6 +153,8 @@ def clean(
         progress.advance(job_span.end - job_span.start)
     add_glue(reader.read_rest())
     progress.close()
+    from git_theta import codec
+
     glue_ref = store.put(codec.encode(glue, level=9))
     manifest = Manifest(
         format=fmt.key,

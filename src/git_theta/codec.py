@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import struct
 import threading
-import zlib
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import zstandard
+from zlib_ng import zlib_ng as zlib  # bundled zlib-ng: faster Huffman, same output everywhere
 
 from git_theta.errors import ObjectCorruptError
 
@@ -39,6 +40,7 @@ RAW, ZSTD, HUFFMAN = 0, 1, 2
 _SAMPLE = 1 << 16  # bytes sampled to pick a plane's method
 _UINT = {1: "<u1", 2: "<u2", 4: "<u4", 8: "<u8"}
 
+_ZLIB_ERROR = cast(type[Exception], zlib.error)  # its stub types it as an instance
 _local = threading.local()
 
 
@@ -74,7 +76,7 @@ def _pack_plane(plane: np.ndarray, level: int) -> tuple[int, bytes]:
     bits = _entropy_bits(plane)
     if 1.0 <= bits < 6.0:
         # Skewed but not repetitive (exponents): entropy coding without LZ matching wins.
-        comp = zlib.compressobj(1, zlib.DEFLATED, -15, 9, zlib.Z_HUFFMAN_ONLY)
+        comp = zlib.compressobj(1, zlib.DEFLATED, -15, 8, zlib.Z_HUFFMAN_ONLY)
         method, payload = HUFFMAN, comp.compress(raw) + comp.flush()
     else:
         method, payload = ZSTD, _zstd_c(level).compress(raw)
@@ -221,6 +223,6 @@ def decode(obj: bytes | memoryview, pool: Executor | None = None) -> bytearray:
         else:
             for chunk_pos, chunk_out in jobs:
                 _decode_chunk(view, chunk_pos, chunk_out, layout)
-    except (zlib.error, zstandard.ZstdError, struct.error) as exc:
+    except (_ZLIB_ERROR, zstandard.ZstdError, struct.error) as exc:
         raise ObjectCorruptError(f"content object is corrupt: {exc}") from exc
     return out

@@ -7,7 +7,7 @@ content hash are verified as it is read.
 
 from __future__ import annotations
 
-from git_theta import chains, codec
+from git_theta import chains
 from git_theta.content import content_hash
 from git_theta.errors import ObjectCorruptError, ObjectMissingError
 from git_theta.manifest import Manifest, is_manifest, parse
@@ -47,6 +47,8 @@ def smudge(
         what, oid = missing[0]
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
         raise ObjectMissingError(f"object {oid} for {what}{more} is not in the local Git LFS store")
+    from git_theta import codec
+
     glue = codec.decode(store.get(manifest.glue.ref))
     if content_hash(glue) != manifest.glue.hash:
         raise ObjectCorruptError(f"header object {manifest.glue.ref.oid} is corrupt")
