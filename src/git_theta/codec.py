@@ -152,10 +152,11 @@ def encode(
     layout: Layout = Layout(),
     level: int = 1,
     pool: Executor | None = None,
-) -> bytes:
-    """Return the content object for ``data``; deterministic for equal input.
+) -> list[bytes]:
+    """Return the content object for ``data`` as a list of parts to concatenate.
 
-    With ``pool``, the chunks of a large buffer are encoded in parallel.
+    Deterministic for equal input. With ``pool``, the chunks of a large buffer are
+    encoded in parallel.
     """
     view = memoryview(data).cast("B")
     if layout.word > 1 and len(view) % layout.word:
@@ -167,7 +168,7 @@ def encode(
         parts = list(pool.map(lambda c: _encode_chunk(c, layout, level), chunks))
     else:
         parts = [_encode_chunk(c, layout, level) for c in chunks]
-    return head + b"".join(parts)
+    return [head, *parts]
 
 
 def _decode_chunk(view: memoryview, pos: int, out: np.ndarray, layout: Layout) -> None:

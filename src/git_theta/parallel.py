@@ -12,7 +12,7 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 WORKERS = max(1, min(8, os.cpu_count() or 1))
-BUDGET = 256 << 20  # bytes of input in flight; one larger item is always allowed
+BUDGET = 128 << 20  # bytes of input in flight; one larger item is always allowed
 
 
 def ordered_map(

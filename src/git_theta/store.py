@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
+import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,19 +45,28 @@ class ObjectStore:
         except FileNotFoundError:
             return False
 
-    def put(self, data: bytes) -> ObjectRef:
-        """Store ``data`` (if not already present) and return its reference."""
-        ref = ObjectRef(hashlib.sha256(data).hexdigest(), len(data))
-        final = self.path(ref.oid)
-        if final.exists():
-            return ref
-        final.parent.mkdir(parents=True, exist_ok=True)
+    def put(self, parts: Iterable[bytes]) -> ObjectRef:
+        """Store the concatenation of ``parts`` (unless present) and return its reference.
+
+        Parts are written as they come, so the object is never joined in memory.
+        """
         self.tmp.mkdir(parents=True, exist_ok=True)
-        tmp = self.tmp / f"theta-{os.getpid()}-{next(_counter)}-{ref.oid[:16]}"
+        tmp = self.tmp / f"theta-{os.getpid()}-{threading.get_ident()}-{next(_counter)}"
+        digest = hashlib.sha256()
+        size = 0
         try:
             with open(tmp, "xb") as fh:
-                fh.write(data)
-            os.replace(tmp, final)
+                for part in parts:
+                    digest.update(part)
+                    fh.write(part)
+                    size += len(part)
+            ref = ObjectRef(digest.hexdigest(), size)
+            final = self.path(ref.oid)
+            if final.exists():
+                tmp.unlink()
+            else:
+                final.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(tmp, final)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
