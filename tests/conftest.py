@@ -31,6 +31,7 @@ def hermetic_git(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
     monkeypatch.delenv("GIT_DIR", raising=False)
     monkeypatch.delenv("GIT_WORK_TREE", raising=False)
     (home / ".gitconfig").write_text("[init]\n\tdefaultBranch = main\n")
+    monkeypatch.chdir(home)  # never run inside the project's own repository
     return home
 
 
@@ -62,6 +63,8 @@ def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     assert main(["install"]) == 0
     monkeypatch.chdir(path)
     assert main(["track", "*.safetensors"]) == 0
+    # Remote tests push with short retries so a stopped server fails fast.
+    git(path, "config", "lfs.transfer.maxretries", "1")
     git(path, "add", ".gitattributes")
     git(path, "commit", "-q", "-m", "track")
     yield path

@@ -26,6 +26,12 @@ def git(
     return run("git", *NO_FILTER, *args, check=check, cwd=cwd, stdin=stdin).stdout
 
 
+def inside_work_tree(cwd: str | None = None) -> bool:
+    """Return True when ``cwd`` is inside a git work tree."""
+    done = run("git", "rev-parse", "--is-inside-work-tree", check=False, cwd=cwd)
+    return done.stdout.strip() == b"true"
+
+
 def toplevel(cwd: str | None = None) -> Path:
     """Return the work tree root of the repository containing ``cwd``."""
     return Path(git("rev-parse", "--show-toplevel", cwd=cwd).decode().strip())
@@ -73,3 +79,83 @@ def lfs_storage_dir(cwd: str | None = None) -> Path:
         path = Path(os.path.expanduser(configured))
         return path if path.is_absolute() else base / path
     return base / "lfs"
+
+
+def git_path(name: str, cwd: str | None = None) -> Path:
+    """Return the absolute path git uses for ``name`` under the git dir (honours hooksPath)."""
+    out = git("rev-parse", "--path-format=absolute", "--git-path", name, cwd=cwd)
+    return Path(out.decode().strip())
+
+
+def tree_blobs(rev: str, cwd: str | None = None) -> list[tuple[str, str]]:
+    """Return (blob id, path) for every file in ``rev``'s tree."""
+    out = git("ls-tree", "-r", "-z", "--full-tree", rev, cwd=cwd)
+    blobs = []
+    for entry in out.split(b"\0"):
+        if not entry:
+            continue
+        meta, path = entry.split(b"\t", 1)
+        _, kind, oid = meta.split()
+        if kind == b"blob":
+            blobs.append((oid.decode(), path.decode()))
+    return blobs
+
+
+def new_blobs(
+    include: list[str], exclude: list[str], cwd: str | None = None
+) -> list[tuple[str, str]]:
+    """Return (blob id, path) of blobs reachable from ``include`` but not ``exclude``."""
+    args = ["rev-list", "--objects", *include, "--not", *exclude, "--"]
+    out = git(*args, cwd=cwd).decode()
+    blobs = []
+    for line in out.splitlines():
+        oid, _, path = line.partition(" ")
+        if path:
+            blobs.append((oid, path))
+    return blobs
+
+
+def read_blobs(oids: list[str], cwd: str | None = None) -> dict[str, bytes]:
+    """Return the content of each blob, read through one ``git cat-file --batch``."""
+    if not oids:
+        return {}
+    out = git("cat-file", "--batch", cwd=cwd, stdin="".join(f"{o}\n" for o in oids).encode())
+    blobs: dict[str, bytes] = {}
+    pos = 0
+    while pos < len(out):
+        end = out.index(b"\n", pos)
+        header = out[pos:end].split()
+        pos = end + 1
+        if len(header) == 2 and header[1] == b"missing":
+            continue
+        size = int(header[2])
+        blobs[header[0].decode()] = out[pos : pos + size]
+        pos += size + 1
+    return blobs
+
+
+def remote_tracking_refs(remote: str, cwd: str | None = None) -> list[str]:
+    """Return the remote-tracking refs of ``remote`` (what we know the remote has)."""
+    out = git("for-each-ref", "--format=%(refname)", f"refs/remotes/{remote}/", cwd=cwd)
+    return out.decode().split()
+
+
+def object_exists(rev: str, cwd: str | None = None) -> bool:
+    """Return True when ``rev`` names an object in the local repository."""
+    return run("git", "cat-file", "-e", rev, check=False, cwd=cwd).returncode == 0
+
+
+def blob_sizes(oids: list[str], cwd: str | None = None) -> dict[str, int]:
+    """Return the size of each of ``oids`` that is a blob."""
+    if not oids:
+        return {}
+    out = git(
+        "cat-file", "--batch-check=%(objectname) %(objecttype) %(objectsize)",
+        cwd=cwd, stdin="".join(f"{o}\n" for o in oids).encode(),
+    )  # fmt: skip
+    sizes = {}
+    for line in out.decode().splitlines():
+        fields = line.split()
+        if len(fields) == 3 and fields[1] == "blob":
+            sizes[fields[0]] = int(fields[2])
+    return sizes

@@ -8,6 +8,7 @@ from git_theta import git
 from git_theta.errors import ManifestError
 from git_theta.manifest import Manifest, is_manifest, parse
 from git_theta.store import ObjectStore
+from git_theta.transfer import Downloader
 
 
 class Repo:
@@ -19,6 +20,15 @@ class Repo:
     @cached_property
     def store(self) -> ObjectStore:
         return ObjectStore(git.lfs_storage_dir(self.cwd))
+
+    @cached_property
+    def downloader(self) -> Downloader:
+        return Downloader(self.store, self.cwd)
+
+    def close(self) -> None:
+        """Stop helper processes (git-lfs) this repository started."""
+        if "downloader" in self.__dict__:
+            self.downloader.close()
 
     def staged_manifest(self, path: str) -> Manifest | None:
         """Return the manifest staged for ``path``, or None when there is none to reuse."""

@@ -7,6 +7,8 @@ content hash are verified as it is read.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 from git_theta import chains
 from git_theta.content import content_hash
 from git_theta.errors import ObjectCorruptError, ObjectMissingError
@@ -14,39 +16,69 @@ from git_theta.manifest import Manifest, is_manifest, parse
 from git_theta.parallel import ordered_map
 from git_theta.progress import Progress
 from git_theta.protocol.filter_process import Sink, Source
-from git_theta.store import ObjectStore
+from git_theta.store import ObjectRef, ObjectStore
+
+Fetch = Callable[[Iterable[ObjectRef]], None]
 
 
-def missing_objects(manifest: Manifest, store: ObjectStore) -> list[tuple[str, str]]:
-    """Return (what, oid) for every object the manifest needs that the store lacks."""
-    out = []
-    if not store.has(manifest.glue.ref):
-        out.append(("the file's header", manifest.glue.ref.oid))
+def needed_objects(manifest: Manifest) -> list[tuple[str, ObjectRef]]:
+    """Return (what, object) for every object the manifest needs to be rebuilt."""
+    out = [("the file's header", manifest.glue.ref)]
     for name in sorted(manifest.tensors):
-        for link in manifest.tensors[name].chain:
-            if not store.has(link.ref):
-                out.append((f"tensor {name!r}", link.ref.oid))
+        out.extend((f"tensor {name!r}", link.ref) for link in manifest.tensors[name].chain)
     return out
 
 
+def ensure_objects(manifest: Manifest, store: ObjectStore, fetch: Fetch | None) -> None:
+    """Make sure every object the manifest needs is local, downloading what is missing.
+
+    Raises ObjectMissingError naming the first missing object and what it is for.
+    """
+    needed = needed_objects(manifest)
+    missing = [(what, ref) for what, ref in needed if not store.has(ref)]
+    if missing and fetch is not None:
+        fetch(ref for _, ref in missing)
+        missing = [(what, ref) for what, ref in missing if not store.has(ref)]
+    if missing:
+        what, ref = missing[0]
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        where = "could not be downloaded from the Git LFS remote" if fetch else "is not local"
+        raise ObjectMissingError(
+            f"object {ref.oid} for {what}{more} is not in the local Git LFS store and {where}"
+        )
+
+
 def smudge(
-    source: Source, sink: Sink, path: str, store: ObjectStore, show_progress: bool | None = None
+    source: Source,
+    sink: Sink,
+    path: str,
+    store: ObjectStore,
+    show_progress: bool | None = None,
+    fetch: Fetch | None = None,
 ) -> None:
     """Read a manifest from ``source`` and write the checkpoint it describes to ``sink``.
 
-    Content that is not a manifest is passed through. Raises ObjectMissingError or
-    ObjectCorruptError (naming the tensor and the object) before or while writing.
+    Content that is not a manifest is passed through. Missing objects are downloaded with
+    ``fetch`` first. Raises ObjectMissingError or ObjectCorruptError (naming the tensor and
+    the object) before or while writing.
     """
     data = source.read()
     if not is_manifest(data):
         sink.write(data)
         return
-    manifest = parse(data)
-    missing = missing_objects(manifest, store)
-    if missing:
-        what, oid = missing[0]
-        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-        raise ObjectMissingError(f"object {oid} for {what}{more} is not in the local Git LFS store")
+    write_checkpoint(parse(data), sink, path, store, show_progress, fetch)
+
+
+def write_checkpoint(
+    manifest: Manifest,
+    sink: Sink,
+    path: str,
+    store: ObjectStore,
+    show_progress: bool | None = None,
+    fetch: Fetch | None = None,
+) -> None:
+    """Write the checkpoint ``manifest`` describes to ``sink`` (see ``smudge``)."""
+    ensure_objects(manifest, store, fetch)
     from git_theta import codec
 
     glue = codec.decode(store.get(manifest.glue.ref))

@@ -30,6 +30,19 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("add", help="stage checkpoints (same as git add)")
     p.add_argument("paths", nargs="+", metavar="PATH")
 
+    p = sub.add_parser("fetch", help="download the tensor objects of revisions (default HEAD)")
+    p.add_argument("revs", nargs="*", metavar="REV")
+    p.add_argument("--all", action="store_true", help="every revision in the repository")
+
+    p = sub.add_parser(
+        "checkout", help="write checkpoints left as manifests (GIT_THETA_SKIP_SMUDGE) in place"
+    )
+    p.add_argument("paths", nargs="*", metavar="PATH")
+
+    p = sub.add_parser("pre-push", help="upload tensor objects (run by the pre-push hook)")
+    p.add_argument("remote")
+    p.add_argument("url", nargs="?")
+
     sub.add_parser("filter-process", help="git's long-running filter (used by git)")
     for name in ("clean", "smudge"):
         p = sub.add_parser(name, help=f"one-shot {name} filter (used by git)")
@@ -53,6 +66,18 @@ def main(argv: list[str] | None = None) -> int:
             from git_theta.commands.add import add
 
             return add(args.paths)
+        if args.command == "fetch":
+            from git_theta.commands.remote import fetch
+
+            return fetch(args.revs, args.all)
+        if args.command == "checkout":
+            from git_theta.commands.remote import checkout
+
+            return checkout(args.paths)
+        if args.command == "pre-push":
+            from git_theta.commands.remote import pre_push
+
+            return pre_push(args.remote, sys.stdin.read().splitlines())
         if args.command == "filter-process":
             from git_theta.commands.filter import filter_process
 

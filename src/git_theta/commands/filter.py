@@ -9,8 +9,11 @@ from typing import cast
 
 from git_theta.clean import clean
 from git_theta.commands.errors import report
+from git_theta.errors import ThetaError
+from git_theta.hooks import install_hooks
 from git_theta.protocol.filter_process import Handler, Sink, Source, serve
 from git_theta.repo import Repo
+from git_theta.settings import env_flag
 from git_theta.smudge import smudge
 
 
@@ -18,8 +21,13 @@ def _handlers(repo: Repo) -> dict[str, Handler]:
     def do_clean(source: Source, sink: Sink, path: str) -> None:
         clean(source, sink, path, repo.store, repo.staged_manifest(path))
 
+    skip = env_flag("GIT_THETA_SKIP_SMUDGE")
+
     def do_smudge(source: Source, sink: Sink, path: str) -> None:
-        smudge(source, sink, path, repo.store)
+        if skip:  # leave the manifest in the work tree; `git theta checkout` fills it later
+            sink.write(source.read())
+        else:
+            smudge(source, sink, path, repo.store, fetch=repo.downloader.fetch)
 
     return {"clean": do_clean, "smudge": do_smudge}
 
@@ -32,15 +40,26 @@ def filter_process() -> int:
 
     # Import the codec (numpy & co, ~0.15 s) while git starts streaming the first file.
     threading.Thread(target=importlib.import_module, args=("git_theta.codec",), daemon=True).start()
-    return serve(_handlers(Repo()), on_error)
+    repo = Repo()
+    try:
+        install_hooks()  # a fresh clone gets its pre-push hook on its first checkout
+    except ThetaError as exc:
+        report(exc)
+    try:
+        return serve(_handlers(repo), on_error)
+    finally:
+        repo.close()
 
 
 def one_shot(command: str, path: str) -> int:
     """Run one clean or smudge with the file on stdin and the result on stdout."""
-    handler = _handlers(Repo())[command]
+    repo = Repo()
+    handler = _handlers(repo)[command]
     try:
         handler(cast(Source, sys.stdin.buffer), sys.stdout.buffer, path)
     except Exception as exc:
         return report(exc, path)
+    finally:
+        repo.close()
     sys.stdout.buffer.flush()
     return 0

@@ -6,6 +6,7 @@ import sys
 
 from git_theta import git
 from git_theta.errors import ThetaError
+from git_theta.hooks import install_hooks
 
 SETTINGS = (
     ("filter.theta.process", "git-theta filter-process"),
@@ -28,4 +29,7 @@ def install(scope: str) -> int:
     for key, value in SETTINGS:
         git.config_set(key, value, scope)
     sys.stderr.write(f"git-theta: configured git ({scope})\n")
+    if git.inside_work_tree():
+        hook = install_hooks()
+        sys.stderr.write(f"git-theta: installed {hook}\n")
     return 0

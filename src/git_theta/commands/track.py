@@ -6,6 +6,7 @@ import os
 import sys
 
 from git_theta import git
+from git_theta.hooks import install_hooks
 
 OURS = ("filter=theta", "diff=theta", "-text")
 _REPLACED = ("filter=", "diff=", "text", "-text", "!text", "filter", "-filter", "diff", "-diff")
@@ -49,4 +50,5 @@ def track(patterns: list[str]) -> int:
         tmp = attributes.with_name(".gitattributes.theta-tmp")
         tmp.write_text(new)
         os.replace(tmp, attributes)
+    install_hooks()
     return 0

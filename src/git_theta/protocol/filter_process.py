@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import BinaryIO, Protocol
+from typing import IO, Protocol
 
 from git_theta.protocol.pktline import (
     PacketReader,
@@ -37,7 +37,7 @@ ErrorReporter = Callable[[BaseException, str], None]
 class _Response:
     """Sends ``status=success`` only once the handler writes, so early errors stay clean."""
 
-    def __init__(self, out: BinaryIO):
+    def __init__(self, out: IO[bytes]):
         self._out = out
         self._content: PacketWriter | None = None
 
@@ -63,8 +63,8 @@ class _Response:
 def serve(
     handlers: dict[str, Handler],
     on_error: ErrorReporter,
-    stdin: BinaryIO | None = None,
-    stdout: BinaryIO | None = None,
+    stdin: IO[bytes] | None = None,
+    stdout: IO[bytes] | None = None,
 ) -> int:
     """Serve git's filter requests until git closes the pipe; return an exit code."""
     inp = stdin if stdin is not None else sys.stdin.buffer

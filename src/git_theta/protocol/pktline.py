@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import BinaryIO
+from typing import IO
 
 MAX_PAYLOAD = 65516
 FLUSH = b"0000"
@@ -12,14 +12,14 @@ class ProtocolError(Exception):
     """The peer sent something that is not valid pkt-line data."""
 
 
-def _read_exact(stream: BinaryIO, n: int) -> bytes:
+def _read_exact(stream: IO[bytes], n: int) -> bytes:
     data = stream.read(n)
     if data is None or len(data) != n:
         raise EOFError("pkt-line stream ended early")
     return data
 
 
-def read_packet(stream: BinaryIO) -> bytes | None:
+def read_packet(stream: IO[bytes]) -> bytes | None:
     """Return one packet's payload, or None for a flush packet.
 
     Raises EOFError when the stream ends at a packet boundary or inside a packet.
@@ -40,7 +40,7 @@ def read_packet(stream: BinaryIO) -> bytes | None:
     return _read_exact(stream, size - 4)
 
 
-def read_text_list(stream: BinaryIO) -> list[str]:
+def read_text_list(stream: IO[bytes]) -> list[str]:
     """Read text packets up to the next flush and return them without trailing newlines."""
     out: list[str] = []
     while (packet := read_packet(stream)) is not None:
@@ -48,7 +48,7 @@ def read_text_list(stream: BinaryIO) -> list[str]:
     return out
 
 
-def write_text(stream: BinaryIO, *lines: str) -> None:
+def write_text(stream: IO[bytes], *lines: str) -> None:
     """Write each line as one text packet, then a flush packet."""
     for line in lines:
         data = (line + "\n").encode()
@@ -56,7 +56,7 @@ def write_text(stream: BinaryIO, *lines: str) -> None:
     stream.write(FLUSH)
 
 
-def write_flush(stream: BinaryIO) -> None:
+def write_flush(stream: IO[bytes]) -> None:
     """Write a flush packet."""
     stream.write(FLUSH)
 
@@ -67,7 +67,7 @@ class PacketReader:
     ``read(n)`` returns fewer than ``n`` bytes only at the end of the content.
     """
 
-    def __init__(self, stream: BinaryIO):
+    def __init__(self, stream: IO[bytes]):
         self._stream = stream
         self._buf = memoryview(b"")
         self._done = False
@@ -118,7 +118,7 @@ class PacketReader:
 class PacketWriter:
     """Writes a byte stream as content packets; ``close`` ends it with a flush."""
 
-    def __init__(self, stream: BinaryIO):
+    def __init__(self, stream: IO[bytes]):
         self._stream = stream
         self._pending = bytearray()
 

@@ -1,0 +1,131 @@
+"""``git theta pre-push`` (run by the hook), ``git theta fetch``, ``git theta checkout``."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from git_theta import git, transfer
+from git_theta.errors import ObjectMissingError, ThetaError
+from git_theta.history import manifests_at, manifests_between
+from git_theta.manifest import Manifest, is_manifest
+from git_theta.proc import run
+from git_theta.repo import Repo
+from git_theta.smudge import needed_objects, write_checkpoint
+from git_theta.store import ObjectRef
+
+ZERO = "0" * 40
+
+
+def _objects(manifests: list[tuple[str, Manifest]]) -> dict[ObjectRef, str]:
+    """Map every object the manifests need to a description of what it is for."""
+    out: dict[ObjectRef, str] = {}
+    for path, manifest in manifests:
+        for what, ref in needed_objects(manifest):
+            out.setdefault(ref, f"{what} of {path}")
+    return out
+
+
+def pre_push(remote: str, lines: list[str]) -> int:
+    """Upload every object the pushed commits' manifests need, before git updates refs.
+
+    Raises ObjectMissingError when an object is neither local nor known to be on the
+    remote, so the push stops instead of leaving a broken repository behind.
+    """
+    repo = Repo()
+    include: list[str] = []
+    exclude = git.remote_tracking_refs(remote)
+    for line in lines:
+        fields = line.split()
+        if len(fields) != 4 or fields[1] == ZERO:
+            continue  # a deleted ref sends nothing
+        include.append(fields[1])
+        if fields[3] != ZERO and git.object_exists(fields[3]):
+            exclude.append(fields[3])
+    if not include:
+        return 0
+    wanted = _objects(manifests_between(include, exclude))
+    known_remote = set(_objects([m for rev in exclude for m in manifests_at(rev)]))
+    local = [ref for ref in wanted if repo.store.has(ref)]
+    lost = [ref for ref in wanted if ref not in known_remote and not repo.store.has(ref)]
+    if lost:
+        raise ObjectMissingError(
+            f"push refused: object {lost[0].oid} for {wanted[lost[0]]} is not in the local "
+            f"store ({len(lost)} missing); run `git theta fetch --all` and push again"
+        )
+    count = transfer.push(remote, local)
+    if count:
+        sys.stderr.write(f"git-theta: {count} tensor objects checked or uploaded to {remote}\n")
+    return 0
+
+
+def fetch(revs: list[str], everything: bool) -> int:
+    """Download the objects of the checkpoints in ``revs`` (or in all history)."""
+    repo = Repo()
+    if everything:
+        manifests = manifests_between(["--all"], [])
+    else:
+        manifests = [m for rev in revs or ["HEAD"] for m in manifests_at(rev)]
+    wanted = _objects(manifests)
+    try:
+        repo.downloader.fetch(wanted)
+    finally:
+        repo.close()
+    missing = [ref for ref in wanted if not repo.store.has(ref)]
+    if missing:
+        raise ObjectMissingError(
+            f"object {missing[0].oid} for {wanted[missing[0]]} could not be downloaded from "
+            f"the Git LFS remote ({len(missing)} missing)"
+        )
+    sys.stderr.write(f"git-theta: {len(wanted)} objects present locally\n")
+    return 0
+
+
+def _placeholders(top: Path) -> list[str]:
+    """Tracked files whose work-tree content is still a manifest (skipped smudge)."""
+    out = git.git("ls-files", "-z", cwd=str(top)).split(b"\0")
+    paths = []
+    for raw in out:
+        path = raw.decode()
+        if not path:
+            continue
+        try:
+            with open(top / path, "rb") as fh:
+                if is_manifest(fh.read(64)):
+                    paths.append(path)
+        except OSError:
+            continue
+    return paths
+
+
+def checkout(paths: list[str]) -> int:
+    """Write checkpoints into the work tree directly (not through git's filter pipe, so
+    memory does not grow with the file), downloading objects as needed."""
+    top = git.toplevel()
+    prefix = git.show_prefix()
+    repo = Repo(str(top))
+    targets = [os.path.normpath(prefix + p) for p in paths] if paths else _placeholders(top)
+    try:
+        for path in targets:
+            manifest = repo.staged_manifest(path)
+            if manifest is None:
+                raise ThetaError(f"{path}: not a git-theta checkpoint in the index")
+            dest = top / path
+            tmp = dest.with_name(f".{dest.name}.theta-tmp")
+            try:
+                with open(tmp, "wb") as fh:
+                    write_checkpoint(manifest, fh, path, repo.store, fetch=repo.downloader.fetch)
+                if dest.exists():
+                    tmp.chmod(dest.stat().st_mode & 0o777)
+                os.replace(tmp, dest)
+            finally:
+                tmp.unlink(missing_ok=True)
+            sys.stderr.write(f"git-theta: checked out {path}\n")
+    finally:
+        repo.close()
+    if targets:
+        # With our filter on: git re-cleans (hashes) the files and records their stat data,
+        # so `git status` stays clean.
+        run("git", "update-index", "-q", "--refresh", "--", *targets, cwd=str(top), check=False)
+    return 0

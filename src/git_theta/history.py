@@ -1,0 +1,36 @@
+"""Finding the manifests stored in git: in a revision's tree, or in commits being pushed."""
+
+from __future__ import annotations
+
+from git_theta import git
+from git_theta.errors import ManifestError
+from git_theta.manifest import Manifest, is_manifest, parse
+
+MAX_MANIFEST = 256 << 20  # blobs larger than this are not read as candidate manifests
+
+
+def _parse_all(blobs: list[tuple[str, str]], cwd: str | None) -> list[tuple[str, Manifest]]:
+    sizes = git.blob_sizes(sorted({oid for oid, _ in blobs}), cwd)
+    wanted = [oid for oid, size in sizes.items() if size <= MAX_MANIFEST]
+    contents = git.read_blobs(wanted, cwd)
+    found: list[tuple[str, Manifest]] = []
+    for oid, path in blobs:
+        data = contents.get(oid)
+        if data is not None and is_manifest(data):
+            try:
+                found.append((path, parse(data)))
+            except ManifestError as exc:
+                raise ManifestError(f"{path} (blob {oid}): {exc}") from None
+    return found
+
+
+def manifests_at(rev: str, cwd: str | None = None) -> list[tuple[str, Manifest]]:
+    """Return (path, manifest) for every checkpoint in ``rev``'s tree."""
+    return _parse_all(git.tree_blobs(rev, cwd), cwd)
+
+
+def manifests_between(
+    include: list[str], exclude: list[str], cwd: str | None = None
+) -> list[tuple[str, Manifest]]:
+    """Return (path, manifest) for every manifest blob in ``include`` not in ``exclude``."""
+    return _parse_all(git.new_blobs(include, exclude, cwd), cwd)

@@ -1,0 +1,63 @@
+"""Our pre-push hook, chained with whatever hook was there before (Git LFS's, a user's).
+
+A hook that is not ours is kept as ``pre-push.theta-chained`` and run after ours with the
+same arguments and input; we never delete or overwrite another tool's hook.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from git_theta import git
+from git_theta.errors import ThetaError
+
+MARKER = "# git-theta pre-push hook"
+CHAINED = "pre-push.theta-chained"
+
+SCRIPT = f"""#!/bin/sh
+{MARKER}: uploads tensor objects before git updates the remote's refs.
+# A hook that was here before is kept as {CHAINED} and runs after this one.
+command -v git-theta >/dev/null 2>&1 || {{
+  echo "git-theta is not on PATH: tensor objects cannot be uploaded, push refused" >&2
+  exit 1
+}}
+input=$(mktemp) || exit 1
+trap 'rm -f "$input"' EXIT
+cat >"$input"
+git-theta pre-push "$@" <"$input" || exit $?
+chained="$(dirname "$0")/{CHAINED}"
+if [ -x "$chained" ]; then
+  "$chained" "$@" <"$input" || exit $?
+fi
+"""
+
+
+def install_hooks(cwd: str | None = None) -> Path:
+    """Install (or refresh) our pre-push hook in the repository; return its path.
+
+    Raises ThetaError when a foreign hook is present and a chained one already exists,
+    rather than lose either.
+    """
+    hooks = git.git_path("hooks", cwd)
+    hook = hooks / "pre-push"
+    try:
+        current = hook.read_text(errors="replace")
+    except FileNotFoundError:
+        current = None
+    if current == SCRIPT:
+        return hook
+    hooks.mkdir(parents=True, exist_ok=True)
+    if current is not None and MARKER not in current:
+        chained = hooks / CHAINED
+        if chained.exists():
+            raise ThetaError(
+                f"{hook} is not git-theta's and {chained} exists too; merge them by hand, "
+                "then run `git theta install --local`"
+            )
+        os.replace(hook, chained)
+    tmp = hooks / "pre-push.theta-tmp"
+    tmp.write_text(SCRIPT)
+    tmp.chmod(0o755)
+    os.replace(tmp, hook)
+    return hook

@@ -1,0 +1,241 @@
+"""Push, clone, fetch and pull through real remotes: file:// and a giftless LFS server."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import git, lfs_objects, sha256
+from lfs_server import LfsServer
+from st_files import f32, st_from_arrays
+
+SHAPES = {"emb": (128, 32), "layer.weight": (32, 32), "layer.bias": (32,), "head": (32, 8)}
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[LfsServer]:
+    srv = LfsServer(tmp_path)
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+def write(repo: Path, seed: int, name: str = "model.safetensors") -> str:
+    (repo / name).write_bytes(st_from_arrays(f32(SHAPES, seed)))
+    return sha256(repo / name)
+
+
+def commit(repo: Path, message: str) -> str:
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", message)
+    return git(repo, "rev-parse", "HEAD").stdout.decode().strip()
+
+
+def make_origin(tmp_path: Path, repo: Path, lfs_url: str | None = None) -> str:
+    """A bare remote for ``repo``; with ``lfs_url`` the LFS objects go to that server."""
+    remote = tmp_path / "origin.git"
+    git(tmp_path, "init", "-q", "--bare", str(remote))
+    git(repo, "remote", "add", "origin", f"file://{remote}")
+    if lfs_url:
+        (repo / ".lfsconfig").write_text(f'[lfs]\n\turl = "{lfs_url}"\n')
+    return f"file://{remote}"
+
+
+def history(repo: Path) -> dict[str, str]:
+    """Three commits on main and one on a branch: commit -> sha256 of the checkpoint."""
+    shas = {}
+    for seed in (1, 2, 3):
+        sha = write(repo, seed)
+        shas[commit(repo, f"v{seed}")] = sha
+    git(repo, "checkout", "-q", "-b", "feature", "HEAD~1")
+    sha = write(repo, 9)
+    shas[commit(repo, "feature")] = sha
+    git(repo, "checkout", "-q", "main")
+    return shas
+
+
+def clone(url: str, dest: Path, **env: str) -> subprocess.CompletedProcess[bytes]:
+    done = subprocess.run(
+        ["git", "clone", "-q", url, str(dest)], capture_output=True, env={**os.environ, **env}
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    git(dest, "config", "lfs.transfer.maxretries", "1")
+    return done
+
+
+def check_every_commit(repo: Path, shas: dict[str, str]) -> None:
+    for commit_id, sha in shas.items():
+        git(repo, "checkout", "-q", commit_id)
+        assert sha256(repo / "model.safetensors") == sha, commit_id
+        assert git(repo, "status", "--porcelain").stdout == b""
+
+
+def test_file_remote_push_clone_every_commit(repo: Path, tmp_path: Path) -> None:
+    url = make_origin(tmp_path, repo)
+    shas = history(repo)
+    git(repo, "push", "-q", "origin", "main", "feature")
+    stored = {
+        p.name for p in (tmp_path / "origin.git" / "lfs" / "objects").rglob("*") if p.is_file()
+    }
+    assert stored == lfs_objects(repo)
+
+    for name in ("second", "third"):
+        other = tmp_path / name
+        clone(url, other)
+        git(other, "fetch", "-q", "origin", "feature:feature")
+        check_every_commit(other, shas)
+
+
+def test_lfs_server_round_trip_push_from_clone_and_pull(
+    repo: Path, tmp_path: Path, server: LfsServer
+) -> None:
+    url = make_origin(tmp_path, repo, server.url("model"))
+    shas = history(repo)
+    git(repo, "push", "-q", "origin", "main", "feature")
+    assert server.objects() == lfs_objects(repo)
+
+    second = tmp_path / "second"
+    clone(url, second)
+    git(second, "fetch", "-q", "origin", "feature:feature")
+    check_every_commit(second, shas)
+
+    # The second clone pushes a new version (a new branch first, then main); the first pulls.
+    git(second, "checkout", "-q", "main")
+    v4 = write(second, 4)
+    commit(second, "v4 from the second clone")
+    git(second, "push", "-q", "origin", "main:from-second", "main")
+    git(repo, "pull", "-q", "--no-rebase", "origin", "main")
+    assert sha256(repo / "model.safetensors") == v4
+
+    third = tmp_path / "third"
+    clone(url, third)
+    assert sha256(third / "model.safetensors") == v4
+
+
+def test_stopped_server_fails_push_cleanly_and_retry_succeeds(
+    repo: Path, tmp_path: Path, server: LfsServer
+) -> None:
+    url = make_origin(tmp_path, repo, server.url("model"))
+    write(repo, 1)
+    first = commit(repo, "v1")
+    git(repo, "push", "-q", "origin", "main")
+    v2 = write(repo, 2)
+    commit(repo, "v2")
+
+    server.stop()
+    done = git(repo, "push", "origin", "main", check=False)
+    assert done.returncode != 0
+    assert "git-theta: error:" in done.stderr.decode()
+    remote_main = git(repo, "ls-remote", url, "refs/heads/main").stdout.decode().split()[0]
+    assert remote_main == first  # refs were not updated
+
+    server.start()
+    git(repo, "push", "-q", "origin", "main")
+    fresh = tmp_path / "fresh"
+    clone(url, fresh)
+    assert sha256(fresh / "model.safetensors") == v2
+
+
+def test_object_missing_on_remote_fails_checkout_naming_it(
+    repo: Path, tmp_path: Path, server: LfsServer
+) -> None:
+    url = make_origin(tmp_path, repo, server.url("model"))
+    write(repo, 1)
+    commit(repo, "v1")
+    git(repo, "push", "-q", "origin", "main")
+    manifest = json.loads(git(repo, "show", "HEAD:model.safetensors").stdout)
+    oid = manifest["tensors"]["head"]["chain"][0]["oid"]
+    for path in server.storage.rglob(oid):
+        path.unlink()
+
+    dest = tmp_path / "broken"
+    done = subprocess.run(["git", "clone", "-q", url, str(dest)], capture_output=True)
+    assert done.returncode != 0
+    assert (
+        f"git-theta: error: model.safetensors: object {oid} for tensor 'head' is not in the "
+        "local Git LFS store and could not be downloaded from the Git LFS remote"
+    ) in done.stderr.decode()
+    assert not (dest / "model.safetensors").exists()
+
+
+def test_skip_smudge_then_checkout_in_place(repo: Path, tmp_path: Path) -> None:
+    url = make_origin(tmp_path, repo)
+    sha = write(repo, 1)
+    commit(repo, "v1")
+    git(repo, "push", "-q", "origin", "main")
+
+    lazy = tmp_path / "lazy"
+    clone(url, lazy, GIT_THETA_SKIP_SMUDGE="1")
+    assert (lazy / "model.safetensors").read_bytes().startswith(b'{\n "git-theta": 1')
+    assert lfs_objects(lazy) == set()
+    assert git(lazy, "status", "--porcelain").stdout == b""
+
+    done = subprocess.run(["git", "theta", "checkout"], cwd=lazy, capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()
+    assert sha256(lazy / "model.safetensors") == sha
+    assert git(lazy, "status", "--porcelain").stdout == b""
+
+
+def test_push_to_new_remote_needs_all_objects_then_fetch_all_fixes_it(
+    repo: Path, tmp_path: Path
+) -> None:
+    url = make_origin(tmp_path, repo)
+    write(repo, 1)
+    old = commit(repo, "v1")
+    sha2 = write(repo, 2)
+    commit(repo, "v2")
+    git(repo, "push", "-q", "origin", "main")
+
+    lazy = tmp_path / "lazy"
+    clone(url, lazy, GIT_THETA_SKIP_SMUDGE="1")
+    mirror = tmp_path / "mirror.git"
+    git(tmp_path, "init", "-q", "--bare", str(mirror))
+    git(lazy, "remote", "add", "mirror", f"file://{mirror}")
+    done = git(lazy, "push", "mirror", "main", check=False)
+    assert done.returncode != 0
+    assert "push refused: object" in done.stderr.decode()
+    assert "run `git theta fetch --all` and push again" in done.stderr.decode()
+
+    fetched = subprocess.run(["git", "theta", "fetch", "--all"], cwd=lazy, capture_output=True)
+    assert fetched.returncode == 0, fetched.stderr.decode()
+    git(lazy, "push", "-q", "mirror", "main")
+    copy = tmp_path / "copy"
+    clone(f"file://{mirror}", copy)
+    assert sha256(copy / "model.safetensors") == sha2
+    git(copy, "checkout", "-q", old)
+
+
+def test_hooks_chain_with_git_lfs_and_plain_lfs_files_still_travel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from git_theta.commands.cli import main
+
+    work = tmp_path / "work"
+    work.mkdir()
+    git(work, "init", "-q")
+    git(work, "lfs", "install")  # global filter config, and hooks in this repository
+    lfs_hook = (work / ".git/hooks/pre-push").read_text()
+    assert "git lfs pre-push" in lfs_hook
+    git(work, "lfs", "track", "*.json")
+    assert main(["install"]) == 0
+    monkeypatch.chdir(work)
+    assert main(["track", "*.safetensors"]) == 0
+    assert (work / ".git/hooks/pre-push.theta-chained").read_text() == lfs_hook
+
+    url = make_origin(tmp_path, work)
+    (work / "tokenizer.json").write_text('{"vocab": [1, 2, 3]}\n')
+    sha = write(work, 1)
+    commit(work, "model and tokenizer")
+    git(work, "push", "-q", "origin", "main")
+
+    other = tmp_path / "other"
+    clone(url, other)
+    assert sha256(other / "model.safetensors") == sha
+    assert (other / "tokenizer.json").read_text() == '{"vocab": [1, 2, 3]}\n'
+    assert git(other, "lfs", "ls-files", "-n").stdout.decode().split() == ["tokenizer.json"]
+    shutil.rmtree(other)
