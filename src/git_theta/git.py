@@ -159,3 +159,14 @@ def blob_sizes(oids: list[str], cwd: str | None = None) -> dict[str, int]:
         if len(fields) == 3 and fields[1] == "blob":
             sizes[fields[0]] = int(fields[2])
     return sizes
+
+
+def index_blobs(cwd: str | None = None) -> list[tuple[str, str]]:
+    """Return (blob id, path) for every staged entry in the index (all stages)."""
+    out = git("ls-files", "-s", "-z", cwd=cwd)
+    blobs = []
+    for entry in out.split(b"\0"):
+        if entry:
+            meta, path = entry.split(b"\t", 1)
+            blobs.append((meta.split()[1].decode(), path.decode()))
+    return blobs

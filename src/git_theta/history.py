@@ -34,3 +34,8 @@ def manifests_between(
 ) -> list[tuple[str, Manifest]]:
     """Return (path, manifest) for every manifest blob in ``include`` not in ``exclude``."""
     return _parse_all(git.new_blobs(include, exclude, cwd), cwd)
+
+
+def manifests_in_index(cwd: str | None = None) -> list[tuple[str, Manifest]]:
+    """Return (path, manifest) for every manifest staged in the index."""
+    return _parse_all(git.index_blobs(cwd), cwd)

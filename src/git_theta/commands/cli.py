@@ -39,6 +39,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("paths", nargs="*", metavar="PATH")
 
+    p = sub.add_parser("prune", help="delete local tensor objects no commit, index or reflog needs")
+    p.add_argument("--dry-run", action="store_true", help="only say what would be deleted")
+
     p = sub.add_parser("pre-push", help="upload tensor objects (run by the pre-push hook)")
     p.add_argument("remote")
     p.add_argument("url", nargs="?")
@@ -74,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
             from git_theta.commands.remote import checkout
 
             return checkout(args.paths)
+        if args.command == "prune":
+            from git_theta.commands.prune import prune
+
+            return prune(args.dry_run)
         if args.command == "pre-push":
             from git_theta.commands.remote import pre_push
 

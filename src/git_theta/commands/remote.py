@@ -18,7 +18,7 @@ from git_theta.store import ObjectRef
 ZERO = "0" * 40
 
 
-def _objects(manifests: list[tuple[str, Manifest]]) -> dict[ObjectRef, str]:
+def needed_by(manifests: list[tuple[str, Manifest]]) -> dict[ObjectRef, str]:
     """Map every object the manifests need to a description of what it is for."""
     out: dict[ObjectRef, str] = {}
     for path, manifest in manifests:
@@ -45,8 +45,8 @@ def pre_push(remote: str, lines: list[str]) -> int:
             exclude.append(fields[3])
     if not include:
         return 0
-    wanted = _objects(manifests_between(include, exclude))
-    known_remote = set(_objects([m for rev in exclude for m in manifests_at(rev)]))
+    wanted = needed_by(manifests_between(include, exclude))
+    known_remote = set(needed_by([m for rev in exclude for m in manifests_at(rev)]))
     local = [ref for ref in wanted if repo.store.has(ref)]
     lost = [ref for ref in wanted if ref not in known_remote and not repo.store.has(ref)]
     if lost:
@@ -67,7 +67,7 @@ def fetch(revs: list[str], everything: bool) -> int:
         manifests = manifests_between(["--all"], [])
     else:
         manifests = [m for rev in revs or ["HEAD"] for m in manifests_at(rev)]
-    wanted = _objects(manifests)
+    wanted = needed_by(manifests)
     try:
         repo.downloader.fetch(wanted)
     finally:

@@ -1,0 +1,47 @@
+"""``git theta prune``: delete local objects that no manifest in the repository needs.
+
+``git lfs prune`` cannot see our objects (they are named by manifests, not by LFS pointer
+files) and would delete them all; this is the prune to use for git-theta objects. It only
+ever deletes git-theta objects, never plain Git LFS ones.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from git_theta.codec import MAGIC
+from git_theta.commands.remote import needed_by
+from git_theta.history import manifests_between, manifests_in_index
+from git_theta.repo import Repo
+
+GRACE = 3600  # seconds: never delete objects this new (an add may be writing its manifest)
+
+
+def prune(dry_run: bool) -> int:
+    """Delete unreferenced git-theta objects; return 0. Prints what it did."""
+    repo = Repo()
+    keep = {ref.oid for ref in needed_by(manifests_between(["--all", "--reflog"], []))}
+    keep |= {ref.oid for ref in needed_by(manifests_in_index())}
+    now = time.time()
+    count = size = 0
+    root = repo.store.root
+    for path in root.glob("??/??/*") if root.exists() else []:
+        if path.name in keep or len(path.name) != 64:
+            continue
+        stat = path.stat()
+        if now - stat.st_mtime < GRACE:
+            continue
+        with open(path, "rb") as fh:
+            if fh.read(len(MAGIC)) != MAGIC:
+                continue  # a plain Git LFS object: not ours to judge
+        count += 1
+        size += stat.st_size
+        if not dry_run:
+            path.unlink()
+    verb = "would delete" if dry_run else "deleted"
+    sys.stderr.write(
+        f"git-theta: {verb} {count} unreferenced objects ({size / 1e6:.1f} MB), "
+        f"kept {len(keep)} referenced\n"
+    )
+    return 0
