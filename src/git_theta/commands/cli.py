@@ -39,6 +39,25 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("paths", nargs="*", metavar="PATH")
 
+    p = sub.add_parser("diff", help="tensor-level diff: [REV_A [REV_B]] [PATH...]")
+    p.add_argument("args", nargs="*", metavar="REV_OR_PATH")
+    p.add_argument("--cached", "--staged", action="store_true", help="index against HEAD")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--stat", action="store_true", help="one line per layer (name prefix)")
+    p.add_argument("--filter", metavar="GLOB", help="only tensors whose name matches")
+
+    p = sub.add_parser("diff-driver", help="git's external diff driver (used by git)")
+    p.add_argument("args", nargs="*")
+
+    p = sub.add_parser("textconv", help="one line per tensor for git show/log -p (used by git)")
+    p.add_argument("file")
+
+    p = sub.add_parser("ls-files", help="list tracked checkpoints")
+    p.add_argument("rev", nargs="?", metavar="REV")
+
+    p = sub.add_parser("show", help="list a version's tensors: [REV:]PATH")
+    p.add_argument("spec", metavar="[REV:]PATH")
+
     p = sub.add_parser("prune", help="delete local tensor objects no commit, index or reflog needs")
     p.add_argument("--dry-run", action="store_true", help="only say what would be deleted")
 
@@ -77,6 +96,27 @@ def main(argv: list[str] | None = None) -> int:
             from git_theta.commands.remote import checkout
 
             return checkout(args.paths)
+        if args.command == "diff":
+            from git_theta.commands.diff import diff, split_revs
+
+            revs, paths = split_revs(args.args)
+            return diff(revs, paths, args.cached, args.json, args.stat, args.filter)
+        if args.command == "diff-driver":
+            from git_theta.commands.diff import diff_driver
+
+            return diff_driver(args.args)
+        if args.command == "textconv":
+            from git_theta.commands.textconv import textconv
+
+            return textconv(args.file)
+        if args.command == "ls-files":
+            from git_theta.commands.inspect import ls_files
+
+            return ls_files(args.rev)
+        if args.command == "show":
+            from git_theta.commands.inspect import show
+
+            return show(args.spec)
         if args.command == "prune":
             from git_theta.commands.prune import prune
 

@@ -13,6 +13,9 @@ SETTINGS = (
     ("filter.theta.clean", "git-theta clean -- %f"),
     ("filter.theta.smudge", "git-theta smudge -- %f"),
     ("filter.theta.required", "true"),
+    ("diff.theta.command", "git-theta diff-driver"),
+    ("diff.theta.textconv", "git-theta textconv"),
+    ("diff.theta.cachetextconv", "true"),
 )
 
 LFS_MISSING = (

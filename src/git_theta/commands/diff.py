@@ -1,0 +1,243 @@
+"""``git theta diff`` and git's external diff driver: tensor-level reports, text or JSON."""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import re
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from git_theta import git
+from git_theta.diffing import FileDiff, TensorDiff, TensorSide, compare, from_file, from_manifest
+from git_theta.errors import UsageError
+from git_theta.history import manifests_at, manifests_in_index
+from git_theta.manifest import Manifest, is_manifest, parse
+from git_theta.proc import run
+from git_theta.repo import Repo
+from git_theta.store import ObjectStore
+
+NULL_HEX = {"", ".", "0" * 40, "0" * 64}
+_COLOURS = {"added": "\033[32m", "removed": "\033[31m", "modified": "\033[33m"}
+_MARK = {"added": "A", "removed": "D", "modified": "M"}
+
+
+def _use_colour() -> bool:
+    if os.environ.get("NO_COLOR"):
+        return False
+    return sys.stdout.isatty() or os.environ.get("GIT_PAGER_IN_USE") == "true"
+
+
+def _shape(side: TensorSide | None) -> str:
+    return "-" if side is None else f"{side.dtype} [{', '.join(map(str, side.shape))}]"
+
+
+def _tensor_line(t: TensorDiff) -> str:
+    parts = [f"{_MARK[t.status]} {t.name}"]
+    if t.status == "modified":
+        assert t.old is not None and t.new is not None
+        if (t.old.dtype, t.old.shape) != (t.new.dtype, t.new.shape):
+            parts.append(f"{_shape(t.old)} -> {_shape(t.new)}")
+        else:
+            parts.append(_shape(t.new))
+        parts.append(t.new.update)
+        if t.changed is not None:
+            parts.append(f"{t.changed:,}/{t.numel:,} changed ({_pct(t.changed, t.numel)})")
+        if t.l2 is not None:
+            parts.append(f"L2 {t.l2:.4g}  max {t.max_abs:.4g}  rel {t.rel:.4g}")
+        if t.note:
+            parts.append(t.note)
+    else:
+        side = t.new or t.old
+        assert side is not None
+        parts.append(_shape(side))
+        parts.append(side.update)
+    return "  ".join(parts)
+
+
+def _pct(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.2f}%" if whole else "0.00%"
+
+
+def _bytes(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def _header(report: FileDiff) -> str:
+    total = len(report.tensors) + report.unchanged
+    return (
+        f"{len(report.tensors)} of {total} tensors changed: {report.params_changed:,} of "
+        f"{report.params_total:,} parameters ({_pct(report.params_changed, report.params_total)}),"
+        f" {_bytes(report.bytes_stored)} stored for the change"
+    )
+
+
+def _group(name: str) -> str:
+    """The prefix a tensor is grouped under: up to its first numeric component (a layer)."""
+    match = re.match(r"^(.*?\.\d+)(\.|$)", name)
+    return match.group(1) if match else name.split(".", 1)[0]
+
+
+def render_text(report: FileDiff, stat: bool, colour: bool) -> str:
+    lines = [f"diff --theta a/{report.path} b/{report.path}", _header(report)]
+    if stat:
+        groups: dict[str, list[TensorDiff]] = {}
+        for t in report.tensors:
+            groups.setdefault(_group(t.name), []).append(t)
+        for prefix, items in groups.items():
+            params = sum(t.changed if t.changed is not None else t.numel for t in items)
+            kinds = ", ".join(
+                f"{n} {k}" for k in ("modified", "added", "removed")
+                if (n := sum(t.status == k for t in items))
+            )  # fmt: skip
+            lines.append(f" {prefix}  {kinds}, {params:,} parameters")
+    else:
+        for t in report.tensors:
+            line = _tensor_line(t)
+            lines.append(f"{_COLOURS[t.status]}{line}\033[0m" if colour else line)
+    if report.unchanged:
+        plural = "s" if report.unchanged != 1 else ""
+        lines.append(f"{report.unchanged} unchanged tensor{plural}")
+    return "\n".join(lines) + "\n"
+
+
+def _side_json(side: TensorSide | None) -> dict[str, Any] | None:
+    if side is None:
+        return None
+    return {
+        "dtype": side.dtype,
+        "shape": list(side.shape),
+        "hash": side.hash,
+        "update": side.update,
+    }
+
+
+def render_json(reports: list[FileDiff]) -> str:
+    files = []
+    for r in reports:
+        files.append({
+            "path": r.path,
+            "tensors_changed": len(r.tensors),
+            "tensors_unchanged": r.unchanged,
+            "parameters_changed": r.params_changed,
+            "parameters_total": r.params_total,
+            "bytes_stored": r.bytes_stored,
+            "tensors": [
+                {
+                    "name": t.name, "status": t.status, "old": _side_json(t.old),
+                    "new": _side_json(t.new), "numel": t.numel, "changed": t.changed,
+                    "l2": t.l2, "max_abs": t.max_abs, "rel": t.rel, "note": t.note or None,
+                }
+                for t in r.tensors
+            ],
+        })  # fmt: skip
+    return json.dumps({"files": files}, indent=1) + "\n"
+
+
+def file_side(path: str, store: ObjectStore) -> dict[str, TensorSide]:
+    """Describe a work-tree file: a checkpoint, or a manifest left by a skipped smudge."""
+    with open(path, "rb") as fh:
+        head = fh.read(64)
+    if is_manifest(head):
+        with open(path, "rb") as fh:
+            return from_manifest(parse(fh.read()), store)
+    return from_file(path)
+
+
+def split_revs(args: list[str]) -> tuple[list[str], list[str]]:
+    """Split positional arguments into revisions and paths, the way git does: a leading
+    run of arguments that name commits are revisions, the rest are paths."""
+    revs: list[str] = []
+    for i, arg in enumerate(args):
+        if arg == "--":
+            return revs, args[i + 1 :]
+        probe = run("git", "rev-parse", "--verify", "-q", f"{arg}^{{tree}}", check=False)
+        if probe.returncode != 0:
+            return revs, args[i:]
+        revs.append(arg)
+    return revs, []
+
+
+def diff(
+    revs: list[str],
+    paths: list[str],
+    cached: bool,
+    as_json: bool,
+    stat: bool,
+    pattern: str | None,
+) -> int:
+    """Report tensor-level changes like ``git diff [--cached] [A [B]] -- PATHS``."""
+    top = str(git.toplevel())
+    repo = Repo(top)
+    store = repo.store
+
+    def at(rev: str | None) -> dict[str, Manifest]:
+        found = manifests_in_index(top) if rev is None else manifests_at(rev, top)
+        return dict(found)
+
+    if len(revs) > 2:
+        raise UsageError("give at most two revisions")
+    old_m = at(revs[0] if revs else ("HEAD" if cached else None))
+    new_m: dict[str, Manifest] | None = None
+    if len(revs) == 2:
+        new_m = at(revs[1])
+    elif cached:
+        new_m = at(None)
+    prefix = git.show_prefix(top)
+    wanted = {os.path.normpath(prefix + p) for p in paths}
+    names = sorted(set(old_m) | set(new_m if new_m is not None else old_m))
+    names = [n for n in names if not wanted or n in wanted]
+    name_filter: Callable[[str], bool] | None = (
+        (lambda n: fnmatch.fnmatchcase(n, pattern)) if pattern else None
+    )
+    reports = []
+    for path in names:
+        old = from_manifest(old_m.get(path), store)
+        if new_m is not None:
+            new = from_manifest(new_m.get(path), store)
+        else:
+            full = os.path.join(top, path)
+            new = file_side(full, store) if os.path.exists(full) else {}
+        report = compare(path, old, new, name_filter)
+        if report.tensors or as_json:
+            reports.append(report)
+    if as_json:
+        sys.stdout.write(render_json(reports))
+    else:
+        colour = _use_colour()
+        sys.stdout.write("".join(render_text(r, stat, colour) for r in reports))
+    return 0
+
+
+def _driver_side(file: str, hexid: str, store: ObjectStore) -> dict[str, TensorSide]:
+    if file == "/dev/null":
+        return {}
+    if hexid not in NULL_HEX:
+        blob = git.read_blobs([hexid]).get(hexid)
+        if blob is not None and is_manifest(blob):
+            return from_manifest(parse(blob), store)
+    return file_side(file, store)
+
+
+def diff_driver(args: list[str]) -> int:
+    """git's ``diff.theta.command``: PATH OLD-FILE OLD-HEX OLD-MODE NEW-FILE NEW-HEX NEW-MODE.
+
+    Both versions are described from their manifests (by blob id) when git has them, so
+    only the tensors that changed are decoded.
+    """
+    if len(args) < 7:
+        sys.stdout.write(f"* Unmerged path {args[0] if args else ''}\n")
+        return 0
+    path, old_file, old_hex, _, new_file, new_hex, _ = args[:7]
+    store = Repo().store
+    report = compare(
+        path, _driver_side(old_file, old_hex, store), _driver_side(new_file, new_hex, store)
+    )
+    sys.stdout.write(render_text(report, stat=False, colour=_use_colour()))
+    sys.stdout.flush()
+    return 0

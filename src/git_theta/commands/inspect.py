@@ -1,0 +1,42 @@
+"""``git theta ls-files`` and ``git theta show``: what is tracked, and what a version holds."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+from git_theta import git
+from git_theta.errors import ThetaError
+from git_theta.history import manifests_at, manifests_in_index
+from git_theta.manifest import parse
+
+
+def ls_files(rev: str | None) -> int:
+    """List tracked checkpoints (in the index, or in ``rev``) with format and size."""
+    found = manifests_in_index() if rev is None else manifests_at(rev)
+    for path, m in sorted(found):
+        params = sum(math.prod(e.shape) for e in m.tensors.values())
+        sys.stdout.write(
+            f"{path}\t{m.format}\t{len(m.tensors)} tensors\t{params:,} parameters\t"
+            f"{m.size:,} bytes\n"
+        )
+    return 0
+
+
+def show(spec: str) -> int:
+    """List the tensors of ``REV:PATH`` (or ``:PATH`` for the index) with their chains."""
+    if ":" not in spec:
+        spec = f"HEAD:{spec}"
+    rev, _, path = spec.partition(":")
+    oid = git.git("rev-parse", "--verify", "-q", f"{rev}:{path}", check=False).decode().strip()
+    blob = git.read_blobs([oid]).get(oid) if oid else None
+    if blob is None:
+        raise ThetaError(f"{spec}: no such file in git")
+    m = parse(blob)
+    sys.stdout.write(f"{path} at {rev or 'the index'}: {m.format}, {m.size:,} bytes\n")
+    for name in sorted(m.tensors):
+        e = m.tensors[name]
+        chain = " + ".join(f"{link.update} {link.ref.size:,} B" for link in e.chain)
+        shape = ", ".join(map(str, e.shape))
+        sys.stdout.write(f"{name}\t{e.dtype}\t[{shape}]\t{chain}\t{e.hash[:12]}\n")
+    return 0

@@ -1,0 +1,173 @@
+"""What changed between two versions of a checkpoint, tensor by tensor.
+
+Only tensors whose content hash differs are decoded; unchanged tensors cost nothing.
+A version is a mapping of tensor name to ``TensorSide``: from a manifest (values come from
+objects) or from a checkpoint file in the work tree (values come from the file).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from git_theta import chains
+from git_theta.content import content_hash
+from git_theta.dtypes import lookup
+from git_theta.errors import ThetaError
+from git_theta.formats import detect
+from git_theta.manifest import Manifest, TensorEntry
+from git_theta.store import ObjectStore
+from git_theta.values import as_float64, elements_changed
+
+
+@dataclass(frozen=True)
+class TensorSide:
+    dtype: str
+    shape: tuple[int, ...]
+    hash: str
+    update: str  # how it is stored ("dense", ...; "file" for a work-tree file)
+    objects: frozenset[tuple[str, int]]  # (oid, size) of its chain
+    load: Callable[[], bytes | bytearray] | None  # None: values not available locally
+
+
+@dataclass
+class TensorDiff:
+    name: str
+    status: str  # added, removed, modified
+    old: TensorSide | None
+    new: TensorSide | None
+    numel: int = 0
+    changed: int | None = None  # elements whose bits differ
+    l2: float | None = None  # ||new - old||_2
+    max_abs: float | None = None
+    rel: float | None = None  # ||new - old|| / ||old||
+    note: str = ""
+
+
+@dataclass
+class FileDiff:
+    path: str
+    tensors: list[TensorDiff] = field(default_factory=list)
+    unchanged: int = 0
+    params_changed: int = 0
+    params_total: int = 0
+    bytes_stored: int = 0  # object bytes the new version adds over the old one
+
+
+def from_manifest(manifest: Manifest | None, store: ObjectStore) -> dict[str, TensorSide]:
+    """Describe every tensor of ``manifest`` (empty for None)."""
+    if manifest is None:
+        return {}
+    out = {}
+    for name, entry in manifest.tensors.items():
+        present = all(store.has(link.ref) for link in entry.chain)
+
+        def load(name: str = name, entry: TensorEntry = entry) -> bytearray:
+            return chains.rebuild(name, entry, store)
+
+        out[name] = TensorSide(
+            entry.dtype,
+            entry.shape,
+            entry.hash,
+            "+".join(link.update for link in entry.chain),
+            frozenset((link.ref.oid, link.ref.size) for link in entry.chain),
+            load if present else None,
+        )
+    return out
+
+
+def from_file(path: str) -> dict[str, TensorSide]:
+    """Describe every tensor of a checkpoint file on disk (hashing, not storing)."""
+    with open(path, "rb") as fh:
+        head = fh.read(64)
+        fmt = detect(head, path)
+        fh.seek(0)
+
+        def read(n: int) -> bytes:
+            data = fh.read(n)
+            if len(data) != n:
+                raise ThetaError(f"{path}: file is truncated")
+            return data
+
+        spans = fmt.read_header(read)
+    out = {}
+    for span in spans:
+
+        def load(start: int = span.start, end: int = span.end) -> bytes:
+            with open(path, "rb") as fh:
+                fh.seek(start)
+                return fh.read(end - start)
+
+        out[span.name] = TensorSide(
+            span.dtype, span.shape, content_hash(load()), "file", frozenset(), load
+        )
+    return out
+
+
+def _measure(diff: TensorDiff) -> None:
+    old, new = diff.old, diff.new
+    assert old is not None and new is not None
+    if old.dtype != new.dtype or old.shape != new.shape:
+        diff.note = "dtype or shape changed"
+        return
+    if old.load is None or new.load is None:
+        diff.note = "values not local: run `git theta fetch`"
+        return
+    a, b = old.load(), new.load()
+    dt = lookup(new.dtype)
+    bits = dt.bits if dt else 8
+    if bits % 8 == 0:
+        diff.changed = elements_changed(a, b, bits // 8)
+    else:
+        flips = np.unpackbits(np.frombuffer(a, np.uint8)) != np.unpackbits(
+            np.frombuffer(b, np.uint8)
+        )
+        diff.changed = int(flips[: diff.numel * bits].reshape(-1, bits).any(axis=1).sum())
+    x, y = as_float64(a, new.dtype), as_float64(b, new.dtype)
+    if x is None or y is None:
+        diff.note = f"no numeric summary for {new.dtype}"
+        return
+    with np.errstate(invalid="ignore", over="ignore"):
+        delta = y - x
+        finite = delta[np.isfinite(delta)]
+        diff.l2 = float(np.sqrt(np.dot(finite, finite))) if finite.size else 0.0
+        diff.max_abs = float(np.abs(finite).max()) if finite.size else 0.0
+        xf = x[np.isfinite(x)]
+        norm = float(np.sqrt(np.dot(xf, xf))) if xf.size else 0.0
+    diff.rel = diff.l2 / norm if norm > 0 else (0.0 if diff.l2 == 0 else math.inf)
+
+
+def compare(
+    path: str,
+    old: dict[str, TensorSide],
+    new: dict[str, TensorSide],
+    name_filter: Callable[[str], bool] | None = None,
+) -> FileDiff:
+    """Return the tensor-level differences between ``old`` and ``new``."""
+    report = FileDiff(path)
+    old_objects = {o for side in old.values() for o in side.objects}
+    new_objects = {o for side in new.values() for o in side.objects}
+    report.bytes_stored = sum(size for _, size in new_objects - old_objects)
+    for name in sorted(set(old) | set(new)):
+        if name_filter is not None and not name_filter(name):
+            continue
+        a, b = old.get(name), new.get(name)
+        side = b or a
+        assert side is not None
+        numel = math.prod(side.shape)
+        report.params_total += numel if b is not None else 0
+        if a is not None and b is not None and a.hash == b.hash and a.shape == b.shape:
+            report.unchanged += 1
+            continue
+        status = "added" if a is None else "removed" if b is None else "modified"
+        diff = TensorDiff(name, status, a, b, numel)
+        if status == "modified":
+            _measure(diff)
+            report.params_changed += diff.changed if diff.changed is not None else numel
+        else:
+            report.params_changed += numel
+        report.tensors.append(diff)
+    return report
