@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from git_theta import codec
-from git_theta.chains import layout_for
 from git_theta.dtypes import DTYPES
 from git_theta.errors import ObjectCorruptError
+from git_theta.updates.layout import layout_for
 
 
 def encode(data: bytes, layout: codec.Layout | None = None) -> bytes:

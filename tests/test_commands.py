@@ -58,11 +58,11 @@ def test_install_without_git_lfs_says_how_to_get_it(tmp_path: Path) -> None:
 def test_update_attributes_is_idempotent_and_keeps_other_attributes() -> None:
     text = "*.bin filter=lfs diff=lfs merge=lfs -text\n*.txt eol=lf\n"
     once = update_attributes(text, "*.bin")
-    assert once == "*.bin merge=lfs filter=theta diff=theta -text\n*.txt eol=lf\n"
+    assert once == "*.bin filter=theta diff=theta merge=theta -text\n*.txt eol=lf\n"
     assert update_attributes(once, "*.bin") == once
     assert (
         update_attributes("", "model.safetensors")
-        == "model.safetensors filter=theta diff=theta -text\n"
+        == "model.safetensors filter=theta diff=theta merge=theta -text\n"
     )
 
 
@@ -75,8 +75,8 @@ def test_track_from_a_subdirectory_anchors_the_pattern(
     assert main(["track", "v1/my model.safetensors", "*.pt"]) == 0
     assert main(["track", "*.pt"]) == 0
     assert (tmp_path / ".gitattributes").read_text() == (
-        "models/v1/my[[:space:]]model.safetensors filter=theta diff=theta -text\n"
-        "models/*.pt filter=theta diff=theta -text\n"
+        "models/v1/my[[:space:]]model.safetensors filter=theta diff=theta merge=theta -text\n"
+        "models/*.pt filter=theta diff=theta merge=theta -text\n"
     )
     attr = git(tmp_path, "check-attr", "filter", "--", "models/v1/my model.safetensors")
     assert attr.stdout.decode().strip().endswith("filter: theta")

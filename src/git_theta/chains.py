@@ -1,39 +1,66 @@
-"""A tensor's chain of objects: store a value, rebuild the exact bytes from a chain."""
+"""A tensor's chain: a dense base value and the updates on top, by object, never by commit.
+
+Storing picks the update type (or auto's choice) and keeps chains short: past
+``max_chain`` links, or when the updates on the base would add up to more bytes than a
+fresh dense value, a dense value is stored and the chain starts again.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from git_theta.content import content_hash
-from git_theta.dtypes import lookup
-from git_theta.errors import ObjectCorruptError, ThetaError, UnknownPluginError
+from git_theta.errors import ObjectCorruptError, ThetaError
 from git_theta.manifest import Link, TensorEntry
-from git_theta.parallel import chunk_pool
 from git_theta.store import ObjectStore
 
-if TYPE_CHECKING:
-    from git_theta.codec import Layout
-
-CODEC = "gtho1"
-# codec (numpy, zstd, zlib-ng) is imported on first use: a re-add of a file whose tensors
-# did not change only hashes, and the filter process warms the import in the background.
+MAX_CHAIN = 8
 
 
-def layout_for(dtype: str) -> Layout:
-    """Return how to split a tensor of ``dtype`` into byte planes."""
-    from git_theta import codec
+def store_value(
+    new: bytes | bytearray | memoryview,
+    dtype: str,
+    store: ObjectStore,
+    update: str = "dense",
+    previous: TensorEntry | None = None,
+    load_previous: Callable[[], bytearray | None] | None = None,
+    max_chain: int = MAX_CHAIN,
+) -> tuple[Link, ...]:
+    """Store ``new`` and return its chain: an update on ``previous`` or a fresh dense value."""
+    from git_theta.updates import UPDATES
 
-    known = lookup(dtype)
-    if known is None or known.bits % 8 or known.word == 1:
-        return codec.Layout()
-    return codec.Layout(known.word, known.is_float)
+    plugin = UPDATES.get(update)
+    dense = UPDATES.get("dense")
+    memo: list[list[bytes]] = []
 
+    def dense_parts() -> list[bytes]:
+        if not memo:
+            parts = dense.encode(new, None, dtype)
+            assert parts is not None
+            memo.append(parts)
+        return memo[0]
 
-def store_dense(data: bytes | bytearray | memoryview, dtype: str, store: ObjectStore) -> Link:
-    """Encode ``data`` as a fresh dense value, store it and return its chain link."""
-    from git_theta import codec
-
-    return Link("dense", CODEC, store.put(codec.encode(data, layout_for(dtype), pool=chunk_pool())))
+    can_chain = (
+        previous is not None
+        and previous.dtype == dtype
+        and load_previous is not None
+        and plugin.needs_previous
+        and len(previous.chain) < max_chain
+    )
+    if can_chain:
+        assert previous is not None and load_previous is not None
+        prev = load_previous()
+        if prev is not None:
+            key, parts = plugin.pick(new, prev, dtype, dense_parts)
+            if parts is not None and key != "dense":
+                # The base is stored already; the updates on top are what a fresh value
+                # would replace (and what every checkout has to apply).
+                updates = sum(link.ref.size for link in previous.chain[1:])
+                updates += sum(map(len, parts))
+                if updates < sum(map(len, dense_parts())):
+                    link = Link(key, UPDATES.get(key).codec, store.put(parts))
+                    return (*previous.chain, link)
+    return (Link("dense", dense.codec, store.put(dense_parts())),)
 
 
 def rebuild(name: str, entry: TensorEntry, store: ObjectStore) -> bytearray:
@@ -41,16 +68,14 @@ def rebuild(name: str, entry: TensorEntry, store: ObjectStore) -> bytearray:
 
     Raises a ThetaError naming the tensor and the object when anything is missing or wrong.
     """
-    from git_theta import codec
+    from git_theta.updates import UPDATES
 
     if not entry.chain:
         raise ObjectCorruptError(f"tensor {name!r} has an empty chain")
     value: bytearray | None = None
     for link in entry.chain:
         try:
-            if link.update != "dense":
-                raise UnknownPluginError(f"unknown update type {link.update!r}")
-            value = codec.decode(store.get(link.ref), pool=chunk_pool())
+            value = UPDATES.get(link.update).apply(value, store.get(link.ref), entry.dtype)
         except ThetaError as exc:
             raise type(exc)(f"tensor {name!r}: {exc}") from None
     assert value is not None

@@ -7,12 +7,12 @@ while the next tensor is read. An unchanged tensor costs a hash, not an encode.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from git_theta import chains
 from git_theta.content import content_hash
-from git_theta.errors import CheckpointError
+from git_theta.errors import CheckpointError, ThetaError
 from git_theta.formats import detect
 from git_theta.formats.base import TensorSpan
 from git_theta.manifest import Glue, Link, Manifest, TensorEntry, is_manifest
@@ -86,6 +86,7 @@ def clean(
     store: ObjectStore,
     previous: Manifest | None,
     show_progress: bool | None = None,
+    update_for: Callable[[str], str] | None = None,
 ) -> None:
     """Read a checkpoint from ``source`` and write its manifest to ``sink``.
 
@@ -139,11 +140,28 @@ def clean(
             yield _Job(span, reader.read(span.end - span.start))
 
     def encode(job: _Job) -> TensorEntry:
+        span = job.span
         digest = content_hash(job.data)
-        chain = reuse.get((digest, job.span.dtype))
+        chain = reuse.get((digest, span.dtype))
         if chain is None:
-            chain = (chains.store_dense(job.data, job.span.dtype, store),)
-        return TensorEntry(job.span.dtype, job.span.shape, digest, chain)
+            prev = previous.tensors.get(span.name) if previous is not None else None
+
+            def load_previous() -> bytearray | None:
+                assert prev is not None
+                try:
+                    return chains.rebuild(span.name, prev, store)
+                except ThetaError:
+                    return None  # objects not local: store a dense value instead
+
+            chain = chains.store_value(
+                job.data,
+                span.dtype,
+                store,
+                update_for(span.name) if update_for is not None else "auto",
+                prev,
+                load_previous,
+            )
+        return TensorEntry(span.dtype, span.shape, digest, chain)
 
     tensors: dict[str, TensorEntry] = {}
     for job_span, entry in zip(

@@ -27,8 +27,13 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("track", help="track checkpoint paths or globs with git-theta")
     p.add_argument("patterns", nargs="+", metavar="PATH_OR_GLOB")
 
-    p = sub.add_parser("add", help="stage checkpoints (same as git add)")
+    p = sub.add_parser("add", help="stage checkpoints, choosing how changed tensors are stored")
     p.add_argument("paths", nargs="+", metavar="PATH")
+    p.add_argument(
+        "--update-type",
+        metavar="TYPE",
+        help="auto (default), dense, sparse or xor-delta; overrides .theta-updates",
+    )
 
     p = sub.add_parser("fetch", help="download the tensor objects of revisions (default HEAD)")
     p.add_argument("revs", nargs="*", metavar="REV")
@@ -51,6 +56,12 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("textconv", help="one line per tensor for git show/log -p (used by git)")
     p.add_argument("file")
+
+    p = sub.add_parser("merge-driver", help="git's merge driver (used by git)")
+    p.add_argument("base")
+    p.add_argument("ours")
+    p.add_argument("theirs")
+    p.add_argument("path")
 
     p = sub.add_parser("ls-files", help="list tracked checkpoints")
     p.add_argument("rev", nargs="?", metavar="REV")
@@ -87,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "add":
             from git_theta.commands.add import add
 
-            return add(args.paths)
+            return add(args.paths, args.update_type)
         if args.command == "fetch":
             from git_theta.commands.remote import fetch
 
@@ -109,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
             from git_theta.commands.textconv import textconv
 
             return textconv(args.file)
+        if args.command == "merge-driver":
+            from git_theta.commands.merge import merge_driver
+
+            return merge_driver(args.base, args.ours, args.theirs, args.path)
         if args.command == "ls-files":
             from git_theta.commands.inspect import ls_files
 

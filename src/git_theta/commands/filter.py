@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 import sys
 import threading
+from collections.abc import Callable
+from pathlib import Path
 from typing import cast
 
 from git_theta.clean import clean
@@ -15,11 +17,17 @@ from git_theta.protocol.filter_process import Handler, Sink, Source, serve
 from git_theta.repo import Repo
 from git_theta.settings import env_flag
 from git_theta.smudge import smudge
+from git_theta.update_rules import load_policy
 
 
 def _handlers(repo: Repo) -> dict[str, Handler]:
+    policies: list[Callable[[str], str]] = []
+
     def do_clean(source: Source, sink: Sink, path: str) -> None:
-        clean(source, sink, path, repo.store, repo.staged_manifest(path))
+        if not policies:  # read once per process, and only when something is added
+            policies.append(load_policy(Path.cwd()))
+        previous = repo.staged_manifest(path)
+        clean(source, sink, path, repo.store, previous, update_for=policies[0])
 
     skip = env_flag("GIT_THETA_SKIP_SMUDGE")
 

@@ -16,6 +16,8 @@ SETTINGS = (
     ("diff.theta.command", "git-theta diff-driver"),
     ("diff.theta.textconv", "git-theta textconv"),
     ("diff.theta.cachetextconv", "true"),
+    ("merge.theta.name", "git-theta: merge checkpoints tensor by tensor"),
+    ("merge.theta.driver", "git-theta merge-driver %O %A %B %P"),
 )
 
 LFS_MISSING = (

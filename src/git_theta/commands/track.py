@@ -8,8 +8,9 @@ import sys
 from git_theta import git
 from git_theta.hooks import install_hooks
 
-OURS = ("filter=theta", "diff=theta", "-text")
-_REPLACED = ("filter=", "diff=", "text", "-text", "!text", "filter", "-filter", "diff", "-diff")
+OURS = ("filter=theta", "diff=theta", "merge=theta", "-text")
+_PREFIXES = ("filter=", "diff=", "merge=")
+_REPLACED = ("text", "-text", "!text", "filter", "-filter", "diff", "-diff", "merge", "-merge")
 
 
 def _escape(pattern: str) -> str:
@@ -18,7 +19,7 @@ def _escape(pattern: str) -> str:
 
 def _merge_attrs(attrs: list[str]) -> list[str]:
     """Keep the other attributes on the line; replace any filter/diff/text setting."""
-    kept = [a for a in attrs if not (a in _REPLACED or a.startswith(_REPLACED[:2]))]
+    kept = [a for a in attrs if not (a in _REPLACED or a.startswith(_PREFIXES))]
     return kept + list(OURS)
 
 

@@ -1,0 +1,38 @@
+"""The contract of an update type: how a change to one tensor is stored and applied."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import ClassVar
+
+Buffer = bytes | bytearray | memoryview
+
+
+class UpdateType(ABC):
+    """Stores a tensor's new value as a payload relative to its previous value.
+
+    ``apply(prev, encode(new, prev)) == new`` bit for bit for every lossless type.
+    """
+
+    key: ClassVar[str]
+    codec: ClassVar[str]  # recorded in the manifest next to the object
+    needs_previous: ClassVar[bool] = True
+
+    @abstractmethod
+    def encode(self, new: Buffer, prev: Buffer | None, dtype: str) -> list[bytes] | None:
+        """Return the payload (parts to concatenate), or None when this type cannot store
+        the change (the caller then stores a dense value)."""
+
+    def pick(
+        self, new: Buffer, prev: Buffer | None, dtype: str, dense: Callable[[], list[bytes]]
+    ) -> tuple[str, list[bytes] | None]:
+        """Return (key recorded in the manifest, payload); ``auto`` picks among types.
+
+        ``dense()`` returns the (cached) dense encoding of ``new`` for comparisons.
+        """
+        return self.key, self.encode(new, prev, dtype)
+
+    @abstractmethod
+    def apply(self, prev: bytearray | None, payload: bytes, dtype: str) -> bytearray:
+        """Return the new value from the previous value and the payload."""

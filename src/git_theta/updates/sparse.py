@@ -1,0 +1,61 @@
+"""sparse: the positions of the elements whose bits changed, and their new bits.
+
+Positions are compared bit for bit, so -0.0 vs 0.0, NaN payloads and changes of any size
+are kept. Positions are stored as gaps (small numbers, compressed in byte planes).
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from git_theta import codec
+from git_theta.errors import ObjectCorruptError
+from git_theta.updates.base import Buffer, UpdateType
+from git_theta.updates.layout import itemsize, layout_for
+
+_HEAD = struct.Struct("<4sBQQ")  # magic, itemsize, count, length of the positions object
+MAGIC = b"GTSP"
+_KINDS = {1: "u1", 2: "<u2", 4: "<u4", 8: "<u8"}
+
+
+def _elements(data: Buffer, size: int) -> np.ndarray:
+    if size in _KINDS:
+        return np.frombuffer(data, dtype=_KINDS[size])
+    return np.frombuffer(data, dtype=np.dtype((np.void, size)))
+
+
+class Sparse(UpdateType):
+    key = "sparse"
+    codec = "gtsp1"
+
+    def encode(self, new: Buffer, prev: Buffer | None, dtype: str) -> list[bytes] | None:
+        if prev is None or len(prev) != len(new):
+            return None
+        size = itemsize(dtype)
+        a, b = _elements(prev, size), _elements(new, size)
+        where = np.flatnonzero(a != b).astype(np.uint64)
+        gaps = np.diff(where, prepend=np.uint64(0)).astype("<u8")
+        positions = b"".join(codec.encode(gaps.tobytes(), codec.Layout(8)))
+        values = codec.encode(b[where.astype(np.intp)].tobytes(), layout_for(dtype))
+        return [_HEAD.pack(MAGIC, size, len(where), len(positions)), positions, *values]
+
+    def apply(self, prev: bytearray | None, payload: bytes, dtype: str) -> bytearray:
+        if prev is None:
+            raise ObjectCorruptError("a sparse update needs a previous value")
+        magic, size, count, plen = _HEAD.unpack_from(payload)
+        if magic != MAGIC:
+            raise ObjectCorruptError("not a sparse update object")
+        view = memoryview(payload)[_HEAD.size :]
+        gaps = np.frombuffer(codec.decode(view[:plen]), dtype="<u8")
+        values = codec.decode(view[plen:])
+        if len(gaps) != count or len(values) != count * size:
+            raise ObjectCorruptError("sparse update object is inconsistent")
+        out = bytearray(prev)
+        where = np.cumsum(gaps, dtype=np.uint64).astype(np.intp)
+        target = _elements(out, size)
+        if count and int(where[-1]) >= len(target):
+            raise ObjectCorruptError("sparse update touches elements past the tensor's end")
+        target[where] = _elements(values, size)
+        return out
