@@ -36,7 +36,7 @@ def ordered_map(
             while True:
                 while (
                     not exhausted
-                    and len(pending) < 2 * workers
+                    and len(pending) < 8 * workers
                     and (not pending or inflight < budget)
                 ):
                     try:

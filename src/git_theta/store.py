@@ -72,15 +72,25 @@ class ObjectStore:
             raise
         return ref
 
-    def get(self, ref: ObjectRef) -> bytes:
-        """Return the object's bytes after checking them against its oid.
+    def read(self, ref: ObjectRef) -> bytes:
+        """Return the object's bytes, unverified (pair with ``verify``).
 
-        Raises ObjectMissingError when it is absent and ObjectCorruptError on a mismatch.
+        Raises ObjectMissingError when it is absent.
         """
         try:
             data = self.path(ref.oid).read_bytes()
         except FileNotFoundError:
             raise ObjectMissingError(f"object {ref.oid} is not in the local store") from None
+        return data
+
+    @staticmethod
+    def verify(ref: ObjectRef, data: bytes) -> None:
+        """Raise ObjectCorruptError unless ``data`` has the oid and size of ``ref``."""
         if len(data) != ref.size or hashlib.sha256(data).hexdigest() != ref.oid:
             raise ObjectCorruptError(f"object {ref.oid} is corrupt (its sha256 does not match)")
+
+    def get(self, ref: ObjectRef) -> bytes:
+        """Return the object's bytes after checking them against its oid."""
+        data = self.read(ref)
+        self.verify(ref, data)
         return data
