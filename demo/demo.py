@@ -1,8 +1,8 @@
 """End-to-end demo on the real all-MiniLM-L6-v2 weights: track, commit, change, diff,
 compare storage with plain Git LFS, and check out the first version byte for byte.
 
-Runs in a fresh directory (``--workdir``, default a temporary one) with repo-local config,
-so it leaves your global git config alone.
+Runs in a fresh directory (``--workdir``, default a temporary one) with its own global git
+config file there, so it leaves yours alone.
 """
 
 from __future__ import annotations
@@ -55,22 +55,31 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def fine_tune(path: Path, names: list[str], seed: int) -> None:
-    """Nudge the named tensors in place, as a short fine-tune of the last layer would."""
+def edit(path: Path, seed: int, names: list[str] | None = None, fraction: float = 1.0) -> None:
+    """Nudge tensors in place: all elements of ``names`` (a short fine-tune of a layer), or
+    ``fraction`` of the elements of every 2-D weight (a sparse fine-tune)."""
     data = bytearray(path.read_bytes())
     (size,) = struct.unpack("<Q", data[:8])
     header = json.loads(data[8 : 8 + size])
     rng = np.random.default_rng(seed)
-    for name in names:
-        start, end = header[name]["data_offsets"]
+    for name, info in header.items():
+        if name == "__metadata__" or (names is not None and name not in names):
+            continue
+        if names is None and len(info["shape"]) != 2:
+            continue
+        start, end = info["data_offsets"]
         w = np.frombuffer(data, np.float32, (end - start) // 4, 8 + size + start)
-        w += (rng.standard_normal(w.size) * 1e-3).astype(np.float32)
+        if fraction >= 1.0:
+            w += (rng.standard_normal(w.size) * 1e-3).astype(np.float32)
+        else:
+            idx = rng.choice(w.size, max(1, int(w.size * fraction)), replace=False)
+            w[idx] += np.float32(1e-3)
     path.write_bytes(bytes(data))
 
 
 def init(repo: Path, *setup: list[str]) -> None:
     repo.mkdir(parents=True)
-    run(repo, "git", "init", "-q")
+    run(repo, "git", "init", "-q", "-b", "main")
     for argv in setup:
         run(repo, *argv)
 
@@ -86,60 +95,72 @@ def main() -> int:
         "encoder.layer.5.output.dense.weight",
         "encoder.layer.5.output.LayerNorm.weight",
     ]
+    # v1 as released; v2 a fine-tune of the last layer; v3 a sparse fine-tune (0.5% of
+    # the entries of every 2-D weight).
+    steps = [
+        ("all-MiniLM-L6-v2 as released", lambda p: None),
+        ("fine-tune the last layer", lambda p: edit(p, 1, names=last_layer)),
+        ("sparse fine-tune: 0.5% of every weight matrix", lambda p: edit(p, 2, fraction=0.005)),
+    ]
 
     print(f"== git-theta on {source.name} ({source.stat().st_size / 1e6:.1f} MB), in {work}")
+    ENV["GIT_CONFIG_GLOBAL"] = str(work / "gitconfig")  # a sandboxed "global" config
+    run(work, "git", "theta", "install")
+    run(work, "git", "lfs", "install", "--skip-repo")
     theta = work / "theta"
-    init(theta, ["git", "theta", "install", "--local"], ["git", "theta", "track", "*.safetensors"])
+    init(theta, ["git", "theta", "track", "*.safetensors"])
     model = theta / "model.safetensors"
     shutil.copyfile(source, model)
-    v1_sha = sha256(model)
-    t_add1 = timed(theta, "git", "add", ".gitattributes", "model.safetensors")
-    run(theta, "git", "commit", "-q", "-m", "all-MiniLM-L6-v2 as released")
-    v1_store = store_size(theta)
-    print(run(theta, "git", "show", "--stat", "HEAD").splitlines()[-1])
-
-    fine_tune(model, last_layer, seed=1)
-    v2_sha = sha256(model)
-    t_add2 = timed(theta, "git", "add", "model.safetensors")
-    run(theta, "git", "commit", "-q", "-m", "fine-tune the last layer")
-    print(run(theta, "git", "diff", "--stat", "HEAD~1", "HEAD"))
-    # The manifest has one line per tensor, so git's own diff names the changed tensors.
-    changed = [
-        ln[:100] + "..."
-        for ln in run(theta, "git", "diff", "HEAD~1", "HEAD").splitlines()
-        if ln.startswith(("+ ", "- "))
-    ]
-    print("\n".join(changed))
+    shas, add_times, stored = [], [], []
+    for message, change in steps:
+        change(model)
+        shas.append(sha256(model))
+        add_times.append(timed(theta, "git", "add", "-A"))
+        run(theta, "git", "commit", "-q", "-m", message)
+        stored.append(store_size(theta) - sum(stored))
+    print(run(theta, "git", "theta", "diff", "--stat", "HEAD~2", "HEAD~1"))
+    print(run(theta, "git", "theta", "diff", "HEAD~2", "HEAD~1"))
+    print(run(theta, "git", "theta", "diff", "--stat", "HEAD~1", "HEAD"))
+    chains = run(theta, "git", "theta", "show", "HEAD:model.safetensors").splitlines()
+    print("\n".join(line for line in chains if "encoder.layer.5.output.dense.weight" in line))
 
     model.unlink()
-    t_checkout = timed(theta, "git", "checkout", "-q", "HEAD~1", "--", "model.safetensors")
-    match = sha256(model) == v1_sha
+    t_checkout = timed(theta, "git", "checkout", "-q", "HEAD~2", "--", "model.safetensors")
+    matches = [sha256(model) == shas[0]]
     run(theta, "git", "checkout", "-q", "HEAD", "--", "model.safetensors")
-    match_v2 = sha256(model) == v2_sha
 
-    print("== the same two versions in plain Git LFS")
+    print("== push to a remote, clone it, check out every version")
+    remote = work / "remote.git"
+    run(work, "git", "init", "-q", "-b", "main", "--bare", str(remote))
+    run(theta, "git", "remote", "add", "origin", f"file://{remote}")
+    run(theta, "git", "push", "-q", "origin", "HEAD:main")
+    clone = work / "clone"
+    run(work, "git", "clone", "-q", f"file://{remote}", str(clone))
+    for back, sha in enumerate(reversed(shas)):
+        run(clone, "git", "checkout", "-q", f"origin/main~{back}")
+        matches.append(sha256(clone / "model.safetensors") == sha)
+
+    print("== the same three versions in plain Git LFS")
     lfs = work / "lfs"
-    init(lfs, ["git", "lfs", "install", "--local"], ["git", "lfs", "track", "*.safetensors"])
+    init(lfs, ["git", "lfs", "track", "*.safetensors"])
     shutil.copyfile(source, lfs / "model.safetensors")
-    run(lfs, "git", "add", ".gitattributes", "model.safetensors")
-    run(lfs, "git", "commit", "-q", "-m", "v1")
-    fine_tune(lfs / "model.safetensors", last_layer, seed=1)
-    run(lfs, "git", "add", "model.safetensors")
-    run(lfs, "git", "commit", "-q", "-m", "v2")
+    lfs_stored = []
+    for message, change in steps:
+        change(lfs / "model.safetensors")
+        run(lfs, "git", "add", "-A")
+        run(lfs, "git", "commit", "-q", "-m", message)
+        lfs_stored.append(store_size(lfs) - sum(lfs_stored))
 
-    total = store_size(theta)
-    lfs_total = store_size(lfs)
     print()
-    print(f"{'':34}{'git-theta':>14}{'Git LFS':>14}")
-    print(f"{'stored after v1 (MB)':34}{v1_store / 1e6:14.1f}{lfs_total / 2e6:14.1f}")
-    v2_store = total - v1_store
-    print(f"{'stored for the v2 change (MB)':34}{v2_store / 1e6:14.1f}{lfs_total / 2e6:14.1f}")
-    print(f"{'stored in all (MB)':34}{total / 1e6:14.1f}{lfs_total / 1e6:14.1f}")
-    print(f"git-theta stores {total / lfs_total:.2f}x what Git LFS stores for this history")
-    print(f"git add v1 {t_add1:.2f}s, git add v2 {t_add2:.2f}s, checkout of v1 {t_checkout:.2f}s")
-    print(f"checkout of v1: sha256 {v1_sha[:16]}... {'MATCHES' if match else 'DIFFERS'}")
-    print(f"checkout of v2: sha256 {v2_sha[:16]}... {'MATCHES' if match_v2 else 'DIFFERS'}")
-    return 0 if match and match_v2 else 1
+    print(f"{'stored (MB)':44}{'git-theta':>12}{'Git LFS':>12}")
+    for (message, _), ours, theirs in zip(steps, stored, lfs_stored, strict=True):
+        print(f"{message:44}{ours / 1e6:12.2f}{theirs / 1e6:12.2f}")
+    print(f"{'all three versions':44}{sum(stored) / 1e6:12.2f}{sum(lfs_stored) / 1e6:12.2f}")
+    print(f"git-theta stores {sum(stored) / sum(lfs_stored):.2f}x what Git LFS stores here")
+    print(f"git add: {', '.join(f'{t:.2f}s' for t in add_times)}; checkout of v1 {t_checkout:.2f}s")
+    verdict = "all MATCH" if all(matches) else "MISMATCH"
+    print(f"sha256 of v1 after checkout, and of v1..v3 in a fresh clone: {verdict}")
+    return 0 if all(matches) else 1
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from git_theta.manifest import Link, TensorEntry
 from git_theta.store import ObjectStore
 
 MAX_CHAIN = 8
+CLEAR_WIN = 0.25
 
 
 def store_value(
@@ -51,13 +52,17 @@ def store_value(
         assert previous is not None and load_previous is not None
         prev = load_previous()
         if prev is not None:
-            key, parts = plugin.pick(new, prev, dtype, dense_parts)
+            base = previous.chain[0]
+            estimate = base.ref.size if base.update == "dense" else None
+            key, parts = plugin.pick(new, prev, dtype, dense_parts, estimate)
             if parts is not None and key != "dense":
                 # The base is stored already; the updates on top are what a fresh value
-                # would replace (and what every checkout has to apply).
+                # would replace (and what every checkout has to apply). Far below the last
+                # dense value's size, the new dense value need not be computed to know.
                 updates = sum(link.ref.size for link in previous.chain[1:])
                 updates += sum(map(len, parts))
-                if updates < sum(map(len, dense_parts())):
+                clear = estimate is not None and updates < CLEAR_WIN * estimate
+                if clear or updates < sum(map(len, dense_parts())):
                     link = Link(key, UPDATES.get(key).codec, store.put(parts))
                     return (*previous.chain, link)
     return (Link("dense", dense.codec, store.put(dense_parts())),)

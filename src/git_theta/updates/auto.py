@@ -13,6 +13,12 @@ from git_theta.updates.sparse import Sparse, _elements
 from git_theta.updates.xor_delta import XorDelta
 
 SPARSE_MAX = 0.5  # above this fraction of changed elements sparse cannot win
+CLEAR_WIN = 0.25  # an update this small against the last dense value beats a new one
+XOR_MIN = 0.01  # below it sparse always beats xor-delta (measured on MiniLM), so skip it
+
+
+def _size(parts: list[bytes]) -> int:
+    return sum(map(len, parts))
 
 
 class Auto(UpdateType):
@@ -20,20 +26,33 @@ class Auto(UpdateType):
     codec = ""
 
     def pick(
-        self, new: Buffer, prev: Buffer | None, dtype: str, dense: Callable[[], list[bytes]]
+        self,
+        new: Buffer,
+        prev: Buffer | None,
+        dtype: str,
+        dense: Callable[[], list[bytes]],
+        dense_estimate: int | None = None,
     ) -> tuple[str, list[bytes] | None]:
-        best: tuple[str, list[bytes]] = ("dense", dense())
         if prev is None or len(prev) != len(new):
-            return best
+            return "dense", dense()
         size = itemsize(dtype)
         changed = np.count_nonzero(_elements(prev, size) != _elements(new, size))
-        candidates: list[UpdateType] = [XorDelta()]
-        if changed <= SPARSE_MAX * (len(new) // size):
-            candidates.insert(0, Sparse())
+        count = max(1, len(new) // size)
+        candidates: list[UpdateType] = []
+        if changed <= SPARSE_MAX * count:
+            candidates.append(Sparse())
+        if changed > XOR_MIN * count:
+            candidates.append(XorDelta())
+        best: tuple[str, list[bytes]] | None = None
         for plugin in candidates:
             parts = plugin.encode(new, prev, dtype)
-            if parts is not None and sum(map(len, parts)) < sum(map(len, best[1])):
+            if parts is not None and (best is None or _size(parts) < _size(best[1])):
                 best = (plugin.key, parts)
+        # A clear win over the previous dense size needs no dense encode to compare with.
+        if best is not None and dense_estimate and _size(best[1]) < CLEAR_WIN * dense_estimate:
+            return best
+        if best is None or _size(dense()) <= _size(best[1]):
+            return "dense", dense()
         return best
 
     def encode(self, new: Buffer, prev: Buffer | None, dtype: str) -> list[bytes] | None:

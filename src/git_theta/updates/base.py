@@ -25,11 +25,17 @@ class UpdateType(ABC):
         the change (the caller then stores a dense value)."""
 
     def pick(
-        self, new: Buffer, prev: Buffer | None, dtype: str, dense: Callable[[], list[bytes]]
+        self,
+        new: Buffer,
+        prev: Buffer | None,
+        dtype: str,
+        dense: Callable[[], list[bytes]],
+        dense_estimate: int | None = None,
     ) -> tuple[str, list[bytes] | None]:
         """Return (key recorded in the manifest, payload); ``auto`` picks among types.
 
-        ``dense()`` returns the (cached) dense encoding of ``new`` for comparisons.
+        ``dense()`` returns the (cached) dense encoding of ``new`` for comparisons;
+        ``dense_estimate`` (the previous dense value's size) lets a clear win skip it.
         """
         return self.key, self.encode(new, prev, dtype)
 
