@@ -7,6 +7,9 @@ import io
 import shutil
 from pathlib import Path
 
+import pytest
+from pytest import MonkeyPatch
+
 from git_theta.clean import clean
 from git_theta.manifest import parse
 from git_theta.smudge import smudge
@@ -36,3 +39,39 @@ def test_golden_manifest_checks_out_byte_exact(tmp_path: Path) -> None:
 def test_manifest_serialization_round_trips() -> None:
     data = (GOLDEN / "v1.manifest").read_bytes()
     assert parse(data).to_bytes() == data
+
+
+def test_large_tensors_stream_and_still_verify(tmp_path: Path, monkeypatch: MonkeyPatch) -> None:
+    import numpy as np
+    from st_files import st_bytes
+
+    from git_theta import chains, codec
+    from git_theta.errors import ObjectCorruptError
+
+    monkeypatch.setattr(chains, "STREAM_MIN", 1)  # every tensor takes the streaming path
+    monkeypatch.setattr(codec, "CHUNK_WORDS", 1000)  # and has many chunks
+    rng = np.random.default_rng(8)
+    data = st_bytes(
+        {
+            "big": (
+                "F32",
+                (100, 77),
+                (rng.standard_normal(7700) * 0.02).astype(np.float32).tobytes(),
+            ),
+            "small": ("BF16", (3,), b"\x01\x02\x03\x04\x05\x06"),
+        }
+    )
+    store = ObjectStore(tmp_path)
+    manifest = io.BytesIO()
+    clean(io.BytesIO(data), manifest, "m.safetensors", store, None, False)
+    out = io.BytesIO()
+    smudge(io.BytesIO(manifest.getvalue()), out, "m.safetensors", store, False)
+    assert out.getvalue() == data
+
+    oid = parse(manifest.getvalue()).tensors["big"].chain[0].ref.oid
+    path = store.path(oid)
+    corrupt = bytearray(path.read_bytes())
+    corrupt[-3] ^= 0x40
+    path.write_bytes(bytes(corrupt))
+    with pytest.raises(ObjectCorruptError, match=f"tensor 'big': .*{oid}"):
+        smudge(io.BytesIO(manifest.getvalue()), io.BytesIO(), "m.safetensors", store, False)

@@ -7,11 +7,15 @@ fresh dense value, a dense value is stored and the chain starts again.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import hashlib
+from collections.abc import Callable, Iterator
+
+import blake3
 
 from git_theta.content import content_hash
 from git_theta.errors import ObjectCorruptError, ThetaError
 from git_theta.manifest import Link, TensorEntry
+from git_theta.parallel import chunk_pool
 from git_theta.store import ObjectStore
 
 MAX_CHAIN = 8
@@ -29,9 +33,11 @@ def store_value(
 ) -> tuple[Link, ...]:
     """Store ``new`` and return its chain: an update on ``previous`` or a fresh dense value."""
     from git_theta.updates import UPDATES
+    from git_theta.updates.dense import Dense
 
     plugin = UPDATES.get(update)
     dense = UPDATES.get("dense")
+    assert isinstance(dense, Dense)
     memo: list[list[bytes]] = []
 
     def dense_parts() -> list[bytes]:
@@ -65,7 +71,9 @@ def store_value(
                 if clear or updates < sum(map(len, dense_parts())):
                     link = Link(key, UPDATES.get(key).codec, store.put(parts))
                     return (*previous.chain, link)
-    return (Link("dense", dense.codec, store.put(dense_parts())),)
+    # A fresh value: stream it to the store unless it was encoded for a comparison.
+    parts_in = memo[0] if memo else dense.stream(new, dtype)
+    return (Link("dense", dense.codec, store.put(parts_in)),)
 
 
 def rebuild(name: str, entry: TensorEntry, store: ObjectStore) -> bytearray:
@@ -90,3 +98,48 @@ def rebuild(name: str, entry: TensorEntry, store: ObjectStore) -> bytearray:
             f"(object {entry.chain[-1].ref.oid})"
         )
     return value
+
+
+STREAM_MIN = 8 << 20  # tensors at least this large are written out chunk by chunk
+
+
+def streamable(entry: TensorEntry) -> bool:
+    """True when the tensor is one large dense object, decoded best as a stream."""
+    return (
+        len(entry.chain) == 1
+        and entry.chain[0].update == "dense"
+        and entry.chain[0].ref.size >= STREAM_MIN
+    )
+
+
+def stream(name: str, entry: TensorEntry, store: ObjectStore) -> Iterator[bytearray]:
+    """Yield the exact bytes of a ``streamable`` tensor chunk by chunk.
+
+    The object's sha256 and the tensor's hash are checked as the bytes pass; a mismatch
+    raises at the end, after the bytes were yielded, so callers must not commit their
+    output before the iterator is exhausted (git discards a smudge that ends in error).
+    """
+    from git_theta import codec
+
+    ref = entry.chain[0].ref
+    oid_hash = hashlib.sha256()
+    content = blake3.blake3()
+    try:
+        with store.open(ref) as fh:
+
+            def read(n: int) -> bytes:
+                data = fh.read(n)
+                oid_hash.update(data)
+                return data
+
+            for piece in codec.decode_stream(read, chunk_pool()):
+                content.update(piece)
+                yield piece
+    except ThetaError as exc:
+        raise type(exc)(f"tensor {name!r}: {exc}") from None
+    if oid_hash.hexdigest() != ref.oid:
+        raise ObjectCorruptError(f"tensor {name!r}: object {ref.oid} is corrupt")
+    if content.hexdigest() != entry.hash:
+        raise ObjectCorruptError(
+            f"tensor {name!r}: rebuilt bytes do not match the recorded hash (object {ref.oid})"
+        )

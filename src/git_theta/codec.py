@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import struct
 import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import cast
@@ -29,6 +30,7 @@ import zstandard
 from zlib_ng import zlib_ng as zlib  # bundled zlib-ng: faster Huffman, same output everywhere
 
 from git_theta.errors import ObjectCorruptError
+from git_theta.parallel import pipelined
 
 MAGIC = b"GTHO"
 VERSION = 1
@@ -85,9 +87,9 @@ def _pack_plane(plane: np.ndarray, level: int) -> tuple[int, bytes]:
     return method, payload
 
 
-def _unpack_plane(method: int, payload: bytes | memoryview, size: int) -> bytes:
+def _unpack_plane(method: int, payload: bytes | memoryview, size: int) -> bytes | memoryview:
     if method == RAW:
-        out = bytes(payload)
+        out = payload
     elif method == ZSTD:
         out = _zstd_d().decompress(payload, max_output_size=size)
     elif method == HUFFMAN:
@@ -125,7 +127,7 @@ def _planes(chunk: memoryview, layout: Layout) -> list[np.ndarray]:
     return [grid[:, k].copy() for k in range(layout.word - 1, -1, -1)]
 
 
-def _join_into(out: np.ndarray, planes: list[bytes], layout: Layout) -> None:
+def _join_into(out: np.ndarray, planes: list[bytes | memoryview], layout: Layout) -> None:
     """Inverse of ``_planes``: interleave ``planes`` into the uint8 array ``out``."""
     grid = out.reshape(-1, layout.word)
     for k, plane in zip(range(layout.word - 1, -1, -1), planes, strict=True):
@@ -147,28 +149,34 @@ def _encode_chunk(chunk: memoryview, layout: Layout, level: int) -> bytes:
     return b"".join(parts)
 
 
+def encode_stream(
+    data: bytes | bytearray | memoryview,
+    layout: Layout = Layout(),
+    level: int = 1,
+    pool: Executor | None = None,
+) -> Iterator[bytes]:
+    """Yield the content object for ``data`` part by part (deterministic for equal input).
+
+    With ``pool``, chunks are encoded in parallel; only a few are held at a time.
+    """
+    view = memoryview(data).cast("B")
+    if layout.word > 1 and len(view) % layout.word:
+        layout = Layout()
+    chunk_bytes = CHUNK_WORDS * layout.word
+    yield _HEAD.pack(MAGIC, VERSION, layout.word, int(layout.rotate), 0, len(view), CHUNK_WORDS)
+    chunks = (view[i : i + chunk_bytes] for i in range(0, len(view), chunk_bytes))
+    use = pool if len(view) > chunk_bytes else None
+    yield from pipelined(lambda c: _encode_chunk(c, layout, level), chunks, use)
+
+
 def encode(
     data: bytes | bytearray | memoryview,
     layout: Layout = Layout(),
     level: int = 1,
     pool: Executor | None = None,
 ) -> list[bytes]:
-    """Return the content object for ``data`` as a list of parts to concatenate.
-
-    Deterministic for equal input. With ``pool``, the chunks of a large buffer are
-    encoded in parallel.
-    """
-    view = memoryview(data).cast("B")
-    if layout.word > 1 and len(view) % layout.word:
-        layout = Layout()
-    chunk_bytes = CHUNK_WORDS * layout.word
-    head = _HEAD.pack(MAGIC, VERSION, layout.word, int(layout.rotate), 0, len(view), CHUNK_WORDS)
-    chunks = [view[i : i + chunk_bytes] for i in range(0, len(view), chunk_bytes)]
-    if pool is not None and len(chunks) > 1:
-        parts = list(pool.map(lambda c: _encode_chunk(c, layout, level), chunks))
-    else:
-        parts = [_encode_chunk(c, layout, level) for c in chunks]
-    return [head, *parts]
+    """Return the content object for ``data`` as a list of parts to concatenate."""
+    return list(encode_stream(data, layout, level, pool))
 
 
 def _decode_chunk(view: memoryview, pos: int, out: np.ndarray, layout: Layout) -> None:
@@ -188,22 +196,68 @@ def _decode_chunk(view: memoryview, pos: int, out: np.ndarray, layout: Layout) -
         _join_into(out, rows, layout)
 
 
-def decode(obj: bytes | memoryview, pool: Executor | None = None) -> bytearray:
-    """Return the bytes stored in content object ``obj``.
-
-    Raises ObjectCorruptError when the object is malformed or of an unknown version.
-    """
-    view = memoryview(obj).cast("B")
-    if len(view) < _HEAD.size:
+def _parse_head(head: bytes | memoryview) -> tuple[Layout, int, int]:
+    """Return (layout, raw length, words per chunk) from an object's fixed header."""
+    if len(head) < _HEAD.size:
         raise ObjectCorruptError("content object is truncated")
-    magic, version, word, flags, _, length, chunk_words = _HEAD.unpack_from(view)
+    magic, version, word, flags, _, length, chunk_words = _HEAD.unpack_from(head)
     if magic != MAGIC:
         raise ObjectCorruptError("not a git-theta content object")
     if version != VERSION:
         raise ObjectCorruptError(f"content object version {version} is newer than this git-theta")
     if word not in _UINT or chunk_words <= 0:
         raise ObjectCorruptError("content object header is corrupt")
-    layout = Layout(word, bool(flags & 1))
+    return Layout(word, bool(flags & 1)), length, chunk_words
+
+
+def decode_stream(
+    read: Callable[[int], bytes], pool: Executor | None = None
+) -> Iterator[bytearray]:
+    """Decode an object read sequentially through ``read(n)``; yield the bytes chunk by
+    chunk, so memory stays bounded by a few chunks whatever the tensor's size.
+
+    Raises ObjectCorruptError when the object is malformed or truncated.
+    """
+    layout, length, chunk_words = _parse_head(read(_HEAD.size))
+    chunk_bytes = chunk_words * layout.word
+
+    def chunks() -> Iterator[tuple[bytes, int]]:
+        for start in range(0, length, chunk_bytes):
+            size = min(chunk_bytes, length - start)
+            parts = []
+            for _ in range(layout.word):
+                head = read(_PLANE.size)
+                if len(head) != _PLANE.size:
+                    raise ObjectCorruptError("content object is truncated")
+                _, n = _PLANE.unpack(head)
+                body = read(n)
+                if len(body) != n:
+                    raise ObjectCorruptError("content object is truncated")
+                parts += [head, body]
+            yield b"".join(parts), size
+
+    def one(job: tuple[bytes, int]) -> bytearray:
+        blob, size = job
+        out = bytearray(size)
+        try:
+            _decode_chunk(memoryview(blob), 0, np.frombuffer(out, dtype=np.uint8), layout)
+        except (_ZLIB_ERROR, zstandard.ZstdError, struct.error) as exc:
+            raise ObjectCorruptError(f"content object is corrupt: {exc}") from exc
+        return out
+
+    yield from pipelined(one, chunks(), pool if length > chunk_bytes else None)
+    if read(1):
+        raise ObjectCorruptError("content object has trailing bytes")
+
+
+def decode(obj: bytes | memoryview, pool: Executor | None = None) -> bytearray:
+    """Return the bytes stored in content object ``obj``.
+
+    Raises ObjectCorruptError when the object is malformed or of an unknown version.
+    """
+    view = memoryview(obj).cast("B")
+    layout, length, chunk_words = _parse_head(view)
+    word = layout.word
     out = bytearray(length)
     flat = np.frombuffer(out, dtype=np.uint8)
     chunk_bytes = chunk_words * word

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -68,3 +68,24 @@ def chunk_pool() -> ThreadPoolExecutor:
     if _chunk_pool is None:
         _chunk_pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="theta-chunk")
     return _chunk_pool
+
+
+def pipelined(
+    fn: Callable[[T], R], items: Iterable[T], pool: Executor | None, ahead: int = 2 * WORKERS
+) -> Iterator[R]:
+    """Yield ``fn(item)`` in order, keeping at most ``ahead`` items in flight on ``pool``
+    (serially without a pool). Memory stays bounded by ``ahead`` results."""
+    if pool is None:
+        yield from map(fn, items)
+        return
+    pending: deque[Future[R]] = deque()
+    try:
+        for item in items:
+            pending.append(pool.submit(fn, item))
+            if len(pending) >= ahead:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        for future in pending:
+            future.cancel()

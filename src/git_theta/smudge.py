@@ -87,12 +87,15 @@ def write_checkpoint(
     names = [item for item in manifest.layout if isinstance(item, str)]
     progress = Progress(f"checking out {path}", manifest.size, len(names), show_progress)
 
-    def rebuild(name: str) -> bytearray:
-        return chains.rebuild(name, manifest.tensors[name], store)
+    def rebuild(name: str) -> bytearray | None:
+        entry = manifest.tensors[name]
+        if chains.streamable(entry):
+            return None  # written chunk by chunk below, in order
+        return chains.rebuild(name, entry, store)
 
     def weight(name: str) -> int:
         entry = manifest.tensors[name]
-        return sum(link.ref.size for link in entry.chain)
+        return 0 if chains.streamable(entry) else sum(link.ref.size for link in entry.chain)
 
     values = ordered_map(rebuild, names, weight)
     glue_pos = 0
@@ -102,6 +105,12 @@ def write_checkpoint(
             glue_pos += item
         else:
             value = next(values)
-            sink.write(value)
-            progress.advance(len(value))
+            if value is None:
+                for piece in chains.stream(item, manifest.tensors[item], store):
+                    sink.write(piece)
+                    progress.advance(len(piece), 0)
+                progress.advance(0)
+            else:
+                sink.write(value)
+                progress.advance(len(value))
     progress.close()

@@ -13,6 +13,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from git_theta.errors import ObjectCorruptError, ObjectMissingError
 
@@ -71,6 +72,13 @@ class ObjectStore:
             tmp.unlink(missing_ok=True)
             raise
         return ref
+
+    def open(self, ref: ObjectRef) -> BinaryIO:
+        """Open the object for reading (unverified). Raises ObjectMissingError."""
+        try:
+            return open(self.path(ref.oid), "rb")
+        except FileNotFoundError:
+            raise ObjectMissingError(f"object {ref.oid} is not in the local store") from None
 
     def read(self, ref: ObjectRef) -> bytes:
         """Return the object's bytes, unverified (pair with ``verify``).

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from git_theta import codec
 from git_theta.parallel import chunk_pool
 from git_theta.updates.base import Buffer, UpdateType
@@ -15,6 +17,10 @@ class Dense(UpdateType):
 
     def encode(self, new: Buffer, prev: Buffer | None, dtype: str) -> list[bytes]:
         return codec.encode(new, layout_for(dtype), pool=chunk_pool())
+
+    def stream(self, new: Buffer, dtype: str) -> Iterator[bytes]:
+        """The dense object part by part, never all in memory (for fresh values)."""
+        return codec.encode_stream(new, layout_for(dtype), pool=chunk_pool())
 
     def apply(self, prev: bytearray | None, payload: bytes, dtype: str) -> bytearray:
         return codec.decode(payload, pool=chunk_pool())
