@@ -78,7 +78,7 @@ def _pack_plane(plane: np.ndarray, level: int) -> tuple[int, bytes]:
     bits = _entropy_bits(plane)
     if 1.0 <= bits < 6.0:
         # Skewed but not repetitive (exponents): entropy coding without LZ matching wins.
-        comp = zlib.compressobj(1, zlib.DEFLATED, -15, 8, zlib.Z_HUFFMAN_ONLY)
+        comp = zlib.compressobj(1, zlib.DEFLATED, -15, 9, zlib.Z_HUFFMAN_ONLY)
         method, payload = HUFFMAN, comp.compress(raw) + comp.flush()
     else:
         method, payload = ZSTD, _zstd_c(level).compress(raw)
