@@ -21,7 +21,7 @@ from git_theta.manifest import TensorEntry
 from git_theta.store import ObjectStore
 from git_theta.updates import UPDATES
 
-LOSSLESS = ["dense", "sparse", "xor-delta", "auto"]
+LOSSLESS = ["dense", "sparse", "delta", "auto"]
 
 
 def payload(key: str, new: bytes, prev: bytes, dtype: str) -> bytes:
@@ -32,7 +32,7 @@ def payload(key: str, new: bytes, prev: bytes, dtype: str) -> bytes:
 
 @settings(max_examples=80, deadline=None)
 @given(
-    key=st.sampled_from(["dense", "sparse", "xor-delta"]),
+    key=st.sampled_from(["dense", "sparse", "delta"]),
     dtype=st.sampled_from(sorted(DTYPES)),
     data=st.data(),
 )
@@ -74,7 +74,7 @@ def test_auto_picks_the_compact_form() -> None:
     auto = UPDATES.get("auto")
     dense_size = len(payload("dense", fresh.tobytes(), prev.tobytes(), "F32"))
     dense = UPDATES.get("dense")
-    for new, expected in ((sparse, "sparse"), (nudged, "xor-delta"), (fresh, "dense")):
+    for new, expected in ((sparse, "sparse"), (nudged, "delta"), (fresh, "dense")):
         key, parts = auto.pick(
             new.tobytes(),
             prev.tobytes(),
@@ -86,7 +86,7 @@ def test_auto_picks_the_compact_form() -> None:
         assert sum(map(len, parts)) <= dense_size + 64
     sparse_size = len(payload("sparse", sparse.tobytes(), prev.tobytes(), "F32"))
     assert sparse_size < 0.006 * prev.nbytes
-    assert len(payload("xor-delta", nudged.tobytes(), prev.tobytes(), "F32")) < 0.55 * prev.nbytes
+    assert len(payload("delta", nudged.tobytes(), prev.tobytes(), "F32")) < 0.5 * prev.nbytes
 
 
 def test_chains_are_bounded(tmp_path: Path) -> None:
@@ -148,7 +148,7 @@ def test_auto_env_and_rules_choose_per_tensor(repo: Path) -> None:
     save(repo, values)
     commit(repo, "auto")
     assert updates_of(repo) == {
-        "emb": ["dense", "sparse"], "attn": ["dense", "xor-delta"], "mlp": ["dense"]
+        "emb": ["dense", "sparse"], "attn": ["dense", "delta"], "mlp": ["dense"]
     }  # fmt: skip
 
     values["mlp"][0, 0] = np.float32(7)
@@ -157,7 +157,7 @@ def test_auto_env_and_rules_choose_per_tensor(repo: Path) -> None:
     (repo / ".theta-updates").write_text("# per-tensor rules\nemb  dense\n*  sparse\n")
     commit(repo, "rules")
     assert updates_of(repo) == {
-        "emb": ["dense"], "attn": ["dense", "xor-delta"], "mlp": ["dense", "sparse"]
+        "emb": ["dense"], "attn": ["dense", "delta"], "mlp": ["dense", "sparse"]
     }  # fmt: skip
 
     values["attn"][0, 0] = np.float32(1)
@@ -185,7 +185,7 @@ def test_unknown_types_and_bad_rules_are_clear_errors(repo: Path) -> None:
     assert done.returncode == 2
     assert done.stderr == (
         "git-theta: error: --update-type: unknown update type 'lowrank' "
-        "(available: auto, dense, sparse, xor-delta)\n"
+        "(available: auto, delta, dense, sparse)\n"
     )
     (repo / ".theta-updates").write_text("emb sparse\nattn\n")
     done = subprocess.run(["git", "add", "m.safetensors"], cwd=repo, capture_output=True, text=True)
@@ -205,9 +205,9 @@ def test_history_rewrites_keep_every_commit_exact(repo: Path) -> None:
     commit(repo, "sparse", GIT_THETA_UPDATE_TYPE="sparse")
     tune["attn"] *= np.float32(1.0005)
     save(repo, tune)
-    commit(repo, "delta", GIT_THETA_UPDATE_TYPE="xor-delta")
+    commit(repo, "delta", GIT_THETA_UPDATE_TYPE="delta")
     assert updates_of(repo) == {
-        "emb": ["dense", "sparse"], "attn": ["dense", "xor-delta"], "mlp": ["dense"]
+        "emb": ["dense", "sparse"], "attn": ["dense", "delta"], "mlp": ["dense"]
     }  # fmt: skip
 
     git(repo, "checkout", "-q", "main")

@@ -32,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--update-type",
         metavar="TYPE",
-        help="auto (default), dense, sparse or xor-delta; overrides .theta-updates",
+        help="auto (default), dense, sparse or delta; overrides .theta-updates",
     )
 
     p = sub.add_parser("fetch", help="download the tensor objects of revisions (default HEAD)")

@@ -6,10 +6,10 @@ from __future__ import annotations
 from git_theta.registry import Registry
 from git_theta.updates.auto import Auto
 from git_theta.updates.base import UpdateType
+from git_theta.updates.delta import Delta
 from git_theta.updates.dense import Dense
 from git_theta.updates.sparse import Sparse
-from git_theta.updates.xor_delta import XorDelta
 
 UPDATES: Registry[UpdateType] = Registry("git_theta.plugins.updates", "update type")
-for _plugin in (Dense(), Sparse(), XorDelta(), Auto()):
+for _plugin in (Dense(), Sparse(), Delta(), Auto()):
     UPDATES.register(_plugin.key, _plugin)

@@ -1,4 +1,4 @@
-"""auto: per tensor, the smallest lossless form among dense, sparse and xor-delta."""
+"""auto: per tensor, the smallest lossless form among dense, sparse and delta."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ from collections.abc import Callable
 import numpy as np
 
 from git_theta.updates.base import Buffer, UpdateType
+from git_theta.updates.delta import Delta
 from git_theta.updates.dense import Dense
 from git_theta.updates.layout import itemsize
 from git_theta.updates.sparse import Sparse, _elements
-from git_theta.updates.xor_delta import XorDelta
 
 SPARSE_MAX = 0.5  # above this fraction of changed elements sparse cannot win
 CLEAR_WIN = 0.25  # an update this small against the last dense value beats a new one
-XOR_MIN = 0.01  # below it sparse always beats xor-delta (measured on MiniLM), so skip it
+DELTA_MIN = 0.01  # below it sparse always beats delta (measured on MiniLM), so skip it
 
 
 def _size(parts: list[bytes]) -> int:
@@ -41,8 +41,8 @@ class Auto(UpdateType):
         candidates: list[UpdateType] = []
         if changed <= SPARSE_MAX * count:
             candidates.append(Sparse())
-        if changed > XOR_MIN * count:
-            candidates.append(XorDelta())
+        if changed > DELTA_MIN * count:
+            candidates.append(Delta())
         best: tuple[str, list[bytes]] | None = None
         for plugin in candidates:
             parts = plugin.encode(new, prev, dtype)
