@@ -36,6 +36,7 @@ $(VENV)/.bench: $(VENV)/.installed
 
 bench: $(VENV)/.bench
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/run.py --out docs/benchmarks-latest.md
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/series.py --out docs/benchmarks-series.md
 
 bench-quick: $(VENV)/.bench
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/run.py --quick
