@@ -185,7 +185,7 @@ def test_unknown_types_and_bad_rules_are_clear_errors(repo: Path) -> None:
     assert done.returncode == 2
     assert done.stderr == (
         "git-theta: error: --update-type: unknown update type 'lowrank' "
-        "(available: auto, delta, dense, sparse)\n"
+        "(available: auto, delta, dense, ia3, low-rank, sparse)\n"
     )
     (repo / ".theta-updates").write_text("emb sparse\nattn\n")
     done = subprocess.run(["git", "add", "m.safetensors"], cwd=repo, capture_output=True, text=True)

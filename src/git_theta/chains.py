@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import blake3
 
@@ -18,6 +19,9 @@ from git_theta.manifest import Link, TensorEntry
 from git_theta.parallel import chunk_pool
 from git_theta.store import ObjectStore
 
+if TYPE_CHECKING:
+    from git_theta.updates.base import UpdateType
+
 MAX_CHAIN = 8
 CLEAR_WIN = 0.25
 
@@ -26,16 +30,21 @@ def store_value(
     new: bytes | bytearray | memoryview,
     dtype: str,
     store: ObjectStore,
-    update: str = "dense",
+    update: str | UpdateType = "dense",
     previous: TensorEntry | None = None,
     load_previous: Callable[[], bytearray | None] | None = None,
     max_chain: int = MAX_CHAIN,
+    name: str = "",
+    shape: tuple[int, ...] = (),
 ) -> tuple[Link, ...]:
-    """Store ``new`` and return its chain: an update on ``previous`` or a fresh dense value."""
+    """Store ``new`` and return its chain: an update on ``previous`` or a fresh dense value.
+
+    ``update`` is a registered key or a configured plugin (e.g. low-rank with its factors).
+    """
     from git_theta.updates import UPDATES
     from git_theta.updates.dense import Dense
 
-    plugin = UPDATES.get(update)
+    plugin = UPDATES.get(update) if isinstance(update, str) else update
     dense = UPDATES.get("dense")
     assert isinstance(dense, Dense)
     memo: list[list[bytes]] = []
@@ -60,7 +69,7 @@ def store_value(
         if prev is not None:
             base = previous.chain[0]
             estimate = base.ref.size if base.update == "dense" else None
-            key, parts = plugin.pick(new, prev, dtype, dense_parts, estimate)
+            key, parts = plugin.pick(new, prev, dtype, dense_parts, estimate, name, shape)
             if parts is not None and key != "dense":
                 # The base is stored already; the updates on top are what a fresh value
                 # would replace (and what every checkout has to apply). Far below the last

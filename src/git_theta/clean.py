@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from git_theta import chains
 from git_theta.content import content_hash
@@ -20,6 +21,9 @@ from git_theta.parallel import ordered_map
 from git_theta.progress import Progress
 from git_theta.protocol.filter_process import Sink, Source
 from git_theta.store import ObjectStore
+
+if TYPE_CHECKING:
+    from git_theta.updates.base import UpdateType
 
 _PEEK = 64
 
@@ -86,7 +90,7 @@ def clean(
     store: ObjectStore,
     previous: Manifest | None,
     show_progress: bool | None = None,
-    update_for: Callable[[str], str] | None = None,
+    update_for: Callable[[str], UpdateType | str] | None = None,
 ) -> None:
     """Read a checkpoint from ``source`` and write its manifest to ``sink``.
 
@@ -160,6 +164,8 @@ def clean(
                 update_for(span.name) if update_for is not None else "auto",
                 prev,
                 load_previous,
+                name=span.name,
+                shape=span.shape,
             )
         return TensorEntry(span.dtype, span.shape, digest, chain)
 

@@ -1,6 +1,6 @@
 """Which update type each tensor gets: GIT_THETA_UPDATE_TYPE, else the repository's rules
 file (``.theta-updates``: lines of ``TENSOR_GLOB UPDATE_TYPE``, first match wins), else
-``auto``."""
+``auto``. GIT_THETA_UPDATE_PATH names the factors file of ``low-rank`` and ``ia3``."""
 
 from __future__ import annotations
 
@@ -8,11 +8,16 @@ import fnmatch
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from git_theta.errors import ThetaError, UnknownPluginError
+from git_theta.errors import ThetaError, UnknownPluginError, UsageError
+
+if TYPE_CHECKING:
+    from git_theta.updates.base import UpdateType
 
 RULES_FILE = ".theta-updates"
 ENV = "GIT_THETA_UPDATE_TYPE"
+PATH_ENV = "GIT_THETA_UPDATE_PATH"
 DEFAULT = "auto"
 
 
@@ -40,19 +45,30 @@ def parse_rules(text: str, source: str) -> list[tuple[str, str]]:
     return rules
 
 
-def load_policy(top: Path) -> Callable[[str], str]:
-    """Return a function mapping a tensor name to its update type."""
+def load_policy(top: Path) -> Callable[[str], UpdateType]:
+    """Return a function mapping a tensor name to its (configured) update type.
+
+    Raises ThetaError for unknown types, bad rules or an unusable factors file.
+    """
+    from git_theta.updates import UPDATES
+
     forced = os.environ.get(ENV, "").strip()
+    inputs = os.environ.get(PATH_ENV, "").strip()
     if forced:
-        key = check_type(forced, ENV)
-        return lambda _name: key
+        plugin = UPDATES.get(check_type(forced, ENV))
+        if inputs:
+            plugin = plugin.with_inputs(inputs)
+        return lambda _name: plugin
+    if inputs:
+        raise UsageError(f"{PATH_ENV} needs {ENV} (low-rank or ia3) as well")
     path = top / RULES_FILE
     rules = parse_rules(path.read_text(), RULES_FILE) if path.exists() else []
+    plugins = {key: UPDATES.get(key) for key in {DEFAULT, *(key for _, key in rules)}}
 
-    def policy(name: str) -> str:
+    def policy(name: str) -> UpdateType:
         for pattern, key in rules:
             if fnmatch.fnmatchcase(name, pattern):
-                return key
-        return DEFAULT
+                return plugins[key]
+        return plugins[DEFAULT]
 
     return policy

@@ -6,11 +6,17 @@ import os
 
 from git_theta.errors import UnknownPluginError, UsageError
 from git_theta.proc import run_attached
-from git_theta.update_rules import ENV, check_type
+from git_theta.update_rules import ENV, PATH_ENV, check_type
 
 
-def add(paths: list[str], update_type: str | None) -> int:
-    """Run ``git add`` on ``paths`` (with GIT_THETA_UPDATE_TYPE when a type is given)."""
+def add(paths: list[str], update_type: str | None, update_path: str | None = None) -> int:
+    """Run ``git add`` on ``paths`` with GIT_THETA_UPDATE_TYPE / _PATH when given."""
+    if update_path is not None:
+        if update_type not in ("low-rank", "ia3"):
+            raise UsageError("--update-path needs --update-type low-rank or ia3")
+        if not os.path.isfile(update_path):
+            raise UsageError(f"--update-path {update_path}: no such file")
+        os.environ[PATH_ENV] = os.path.abspath(update_path)
     if update_type is not None:
         try:
             os.environ[ENV] = check_type(update_type, "--update-type")

@@ -32,7 +32,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--update-type",
         metavar="TYPE",
-        help="auto (default), dense, sparse or delta; overrides .theta-updates",
+        help="auto (default), dense, sparse, delta, low-rank or ia3; overrides .theta-updates",
+    )
+    p.add_argument(
+        "--update-path",
+        metavar="FILE",
+        help="factors for low-rank (T/R, T/C or a PEFT LoRA adapter) or ia3 (T/ia3)",
     )
 
     p = sub.add_parser("fetch", help="download the tensor objects of revisions (default HEAD)")
@@ -98,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "add":
             from git_theta.commands.add import add
 
-            return add(args.paths, args.update_type)
+            return add(args.paths, args.update_type, args.update_path)
         if args.command == "fetch":
             from git_theta.commands.remote import fetch
 

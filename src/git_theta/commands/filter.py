@@ -18,10 +18,11 @@ from git_theta.repo import Repo
 from git_theta.settings import env_flag
 from git_theta.smudge import smudge
 from git_theta.update_rules import load_policy
+from git_theta.updates.base import UpdateType
 
 
 def _handlers(repo: Repo) -> dict[str, Handler]:
-    policies: list[Callable[[str], str]] = []
+    policies: list[Callable[[str], UpdateType]] = []
 
     def do_clean(source: Source, sink: Sink, path: str) -> None:
         if not policies:  # read once per process, and only when something is added

@@ -32,6 +32,8 @@ class Auto(UpdateType):
         dtype: str,
         dense: Callable[[], list[bytes]],
         dense_estimate: int | None = None,
+        name: str = "",
+        shape: tuple[int, ...] = (),
     ) -> tuple[str, list[bytes] | None]:
         if prev is None or len(prev) != len(new):
             return "dense", dense()

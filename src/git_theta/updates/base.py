@@ -6,6 +6,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import ClassVar
 
+from git_theta.errors import UsageError
+
 Buffer = bytes | bytearray | memoryview
 
 
@@ -31,13 +33,23 @@ class UpdateType(ABC):
         dtype: str,
         dense: Callable[[], list[bytes]],
         dense_estimate: int | None = None,
+        name: str = "",
+        shape: tuple[int, ...] = (),
     ) -> tuple[str, list[bytes] | None]:
         """Return (key recorded in the manifest, payload); ``auto`` picks among types.
 
         ``dense()`` returns the (cached) dense encoding of ``new`` for comparisons;
-        ``dense_estimate`` (the previous dense value's size) lets a clear win skip it.
+        ``dense_estimate`` (the previous dense value's size) lets a clear win skip it;
+        ``name`` and ``shape`` identify the tensor for types that take per-tensor inputs.
         """
         return self.key, self.encode(new, prev, dtype)
+
+    def with_inputs(self, path: str) -> UpdateType:
+        """Return this type reading its per-tensor inputs (factors, scales) from ``path``.
+
+        Raises UsageError for types that take none.
+        """
+        raise UsageError(f"update type {self.key!r} takes no --update-path")
 
     @abstractmethod
     def apply(self, prev: bytearray | None, payload: bytes, dtype: str) -> bytearray:
