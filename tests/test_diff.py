@@ -59,6 +59,7 @@ def test_text_report_matches_golden(repo: Path) -> None:
     two_commits(repo)
     out = theta(repo, "diff", "HEAD~1", "HEAD").stdout
     assert out == (GOLDEN / "diff_v1_v2.txt").read_text()
+    assert theta(repo, "diff", "HEAD~1", "HEAD", ".").stdout == out  # a directory pathspec
     stat = theta(repo, "diff", "--stat", "HEAD~1", "HEAD").stdout
     assert stat.splitlines()[2:] == [
         " a  1 modified, 4 parameters",

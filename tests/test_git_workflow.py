@@ -211,3 +211,38 @@ def test_real_minilm_round_trip_and_incremental_storage(repo: Path) -> None:
     git(repo, "checkout", "-q", c1)
     restored = (repo / "model.safetensors").read_bytes()
     assert hashlib.sha256(restored).digest() == hashlib.sha256(original).digest()
+
+
+def test_lost_objects_are_stored_again_on_add(repo: Path) -> None:
+    write_v1(repo)
+    commit_all(repo, "v1")
+    objects = lfs_objects(repo)
+    import shutil
+
+    shutil.rmtree(repo / ".git/lfs/objects")
+    os.utime(repo / "model.safetensors", (2, 2))
+    git(repo, "add", "model.safetensors")
+    assert lfs_objects(repo) == objects  # the file's bytes re-created every object
+
+
+def test_equal_tensors_keep_their_own_chains_on_reclean(repo: Path) -> None:
+    arrays = f32(SHAPES, seed=1)
+    (repo / "model.safetensors").write_bytes(st_from_arrays(arrays))
+    commit_all(repo, "v1")
+    arrays["layer0.bias"] = np.ones(32, dtype=np.float32)
+    arrays["head"] = np.ones((16, 4), dtype=np.float32).reshape(16, 4)
+    arrays["layer1.weight"][:] = 1.0
+    (repo / "model.safetensors").write_bytes(st_from_arrays(arrays))
+    commit_all(repo, "v2")
+    os.utime(repo / "model.safetensors", (3, 3))
+    assert git(repo, "status", "--porcelain").stdout == b""
+
+
+def test_non_utf8_file_names(repo: Path) -> None:
+    name = os.fsdecode(b"mod\xe8le.safetensors")
+    (repo / name).write_bytes(st_from_arrays(f32(SHAPES, seed=4)))
+    sha = sha256(repo / name)
+    commit_all(repo, "latin-1 name")
+    (repo / name).unlink()
+    git(repo, "checkout", "--", name)
+    assert sha256(repo / name) == sha

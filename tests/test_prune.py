@@ -47,3 +47,41 @@ def test_prune_keeps_referenced_and_foreign_objects(repo: Path) -> None:
     git(repo, "checkout", "--", "m.safetensors")
     assert sha256(repo / "m.safetensors") == v1_sha
     assert git(repo, "lfs", "fsck").returncode == 0
+
+
+def test_prune_keeps_objects_staged_in_another_worktree(repo: Path, tmp_path: Path) -> None:
+    (repo / "m.safetensors").write_bytes(st_from_arrays(f32(SHAPES, 1)))
+    git(repo, "add", "m.safetensors")
+    git(repo, "commit", "-q", "-m", "v1")
+    other = tmp_path / "wt"
+    git(repo, "worktree", "add", "-q", str(other))
+    before = lfs_objects(repo)
+    (other / "m.safetensors").write_bytes(st_from_arrays(f32(SHAPES, 2)))
+    git(other, "add", "m.safetensors", stdin=None)
+    staged = lfs_objects(repo) - before
+    assert staged
+    for p in (repo / ".git/lfs/objects").rglob("*"):
+        if p.is_file():
+            os.utime(p, (1, 1))
+    done = subprocess.run(["git", "theta", "prune"], cwd=repo, capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()
+    assert staged <= lfs_objects(repo)
+
+
+def test_prune_deletes_unreferenced_sparse_objects(repo: Path) -> None:
+    values = f32(SHAPES, 1)
+    (repo / "m.safetensors").write_bytes(st_from_arrays(values))
+    git(repo, "add", "m.safetensors")
+    git(repo, "commit", "-q", "-m", "v1")
+    kept = lfs_objects(repo)
+    values["a"][0, :3] += 1
+    (repo / "m.safetensors").write_bytes(st_from_arrays(values))
+    env = {**os.environ, "GIT_THETA_UPDATE_TYPE": "sparse"}
+    subprocess.run(["git", "add", "m.safetensors"], cwd=repo, env=env, check=True)
+    git(repo, "reset", "-q", "--hard")
+    (orphan,) = lfs_objects(repo) - kept
+    path = next((repo / ".git/lfs/objects").rglob(orphan))
+    assert path.read_bytes()[:4] == b"GTSP"
+    os.utime(path, (1, 1))
+    subprocess.run(["git", "theta", "prune"], cwd=repo, check=True, capture_output=True)
+    assert lfs_objects(repo) == kept

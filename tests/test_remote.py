@@ -239,3 +239,27 @@ def test_hooks_chain_with_git_lfs_and_plain_lfs_files_still_travel(
     assert (other / "tokenizer.json").read_text() == '{"vocab": [1, 2, 3]}\n'
     assert git(other, "lfs", "ls-files", "-n").stdout.decode().split() == ["tokenizer.json"]
     shutil.rmtree(other)
+
+
+def test_lfs_skip_smudge_for_plain_lfs_does_not_stop_tensor_downloads(
+    repo: Path, tmp_path: Path
+) -> None:
+    url = make_origin(tmp_path, repo)
+    sha = write(repo, 1)
+    commit(repo, "v1")
+    git(repo, "push", "-q", "origin", "main")
+    other = tmp_path / "other"
+    clone(url, other, GIT_LFS_SKIP_SMUDGE="1")
+    assert sha256(other / "model.safetensors") == sha
+
+
+def test_theta_checkout_refuses_to_overwrite_weights(repo: Path, tmp_path: Path) -> None:
+    write(repo, 1)
+    commit(repo, "v1")
+    work = write(repo, 2)  # uncommitted weights in the work tree
+    done = subprocess.run(
+        ["git", "theta", "checkout", "model.safetensors"], cwd=repo, capture_output=True, text=True
+    )
+    assert done.returncode == 1
+    assert "model.safetensors: the file holds weights, not a manifest" in done.stderr
+    assert sha256(repo / "model.safetensors") == work

@@ -143,12 +143,22 @@ def clean(
             layout.append(span.name)
             yield _Job(span, reader.read(span.end - span.start))
 
+    def reusable(chain: tuple[Link, ...] | None) -> bool:
+        # Only reuse what is really here: a chain whose objects were lost (a pruned or
+        # deleted store) is stored again from the file rather than committed broken.
+        return chain is not None and all(store.has(link.ref) for link in chain)
+
     def encode(job: _Job) -> TensorEntry:
         span = job.span
         digest = content_hash(job.data)
-        chain = reuse.get((digest, span.dtype))
-        if chain is None:
-            prev = previous.tensors.get(span.name) if previous is not None else None
+        prev = previous.tensors.get(span.name) if previous is not None else None
+        # The tensor's own staged entry first, so re-cleaning gives the same manifest;
+        # then any staged tensor with these bytes (a rename, a tied copy).
+        if prev is not None and (prev.hash, prev.dtype) == (digest, span.dtype):
+            chain: tuple[Link, ...] | None = prev.chain
+        else:
+            chain = reuse.get((digest, span.dtype))
+        if not reusable(chain):
 
             def load_previous() -> bytearray | None:
                 assert prev is not None
@@ -167,6 +177,7 @@ def clean(
                 name=span.name,
                 shape=span.shape,
             )
+        assert chain is not None
         return TensorEntry(span.dtype, span.shape, digest, chain)
 
     tensors: dict[str, TensorEntry] = {}

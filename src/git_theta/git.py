@@ -5,10 +5,13 @@ Our own reads of blobs never run our filter (``NO_FILTER``), so they cannot recu
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 from pathlib import Path
 
-from git_theta.proc import run
+from git_theta.errors import CommandError
+from git_theta.proc import run, start
 
 # Switch our filter off for git calls we make from inside the filter.
 NO_FILTER = (
@@ -97,7 +100,7 @@ def tree_blobs(rev: str, cwd: str | None = None) -> list[tuple[str, str]]:
         meta, path = entry.split(b"\t", 1)
         _, kind, oid = meta.split()
         if kind == b"blob":
-            blobs.append((oid.decode(), path.decode()))
+            blobs.append((oid.decode(), os.fsdecode(path)))
     return blobs
 
 
@@ -106,7 +109,7 @@ def new_blobs(
 ) -> list[tuple[str, str]]:
     """Return (blob id, path) of blobs reachable from ``include`` but not ``exclude``."""
     args = ["rev-list", "--objects", *include, "--not", *exclude, "--"]
-    out = git(*args, cwd=cwd).decode()
+    out = os.fsdecode(git(*args, cwd=cwd))
     blobs = []
     for line in out.splitlines():
         oid, _, path = line.partition(" ")
@@ -168,5 +171,42 @@ def index_blobs(cwd: str | None = None) -> list[tuple[str, str]]:
     for entry in out.split(b"\0"):
         if entry:
             meta, path = entry.split(b"\t", 1)
-            blobs.append((meta.split()[1].decode(), path.decode()))
+            blobs.append((meta.split()[1].decode(), os.fsdecode(path)))
     return blobs
+
+
+def blobs_starting_with(oids: list[str], prefix: bytes, cwd: str | None = None) -> dict[str, bytes]:
+    """Return the content of those blobs that start with ``prefix``, streaming through one
+    ``git cat-file --batch`` so other blobs are skipped, never held in memory."""
+    if not oids:
+        return {}
+    proc = start("git", "cat-file", "--batch", cwd=cwd)
+    assert proc.stdin is not None and proc.stdout is not None
+    stdin, out = proc.stdin, proc.stdout
+
+    def feed() -> None:
+        with contextlib.suppress(BrokenPipeError):
+            stdin.write("".join(f"{o}\n" for o in oids).encode())
+        stdin.close()
+
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    found: dict[str, bytes] = {}
+    for _ in oids:
+        header = out.readline().split()
+        if len(header) != 3:
+            continue  # "<oid> missing"
+        size = int(header[2])
+        head = out.read(min(size, len(prefix)))
+        if head == prefix:
+            found[header[0].decode()] = head + out.read(size - len(head))
+        else:
+            left = size - len(head)
+            while left > 0:
+                left -= len(out.read(min(left, 1 << 20)))
+        out.read(1)  # the newline after the content
+    writer.join()
+    proc.wait()
+    if proc.returncode != 0:
+        raise CommandError(("git", "cat-file", "--batch"), proc.returncode, b"", b"")
+    return found

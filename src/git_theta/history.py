@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from git_theta import git
 from git_theta.errors import ManifestError
-from git_theta.manifest import Manifest, is_manifest, parse
+from git_theta.manifest import PREFIX, Manifest, is_manifest, parse
 
-MAX_MANIFEST = 256 << 20  # blobs larger than this are not read as candidate manifests
+MAX_MANIFEST = 64 << 20  # larger blobs are not candidate manifests (~200 B per tensor)
 
 
 def _parse_all(blobs: list[tuple[str, str]], cwd: str | None) -> list[tuple[str, Manifest]]:
     sizes = git.blob_sizes(sorted({oid for oid, _ in blobs}), cwd)
     wanted = [oid for oid, size in sizes.items() if size <= MAX_MANIFEST]
-    contents = git.read_blobs(wanted, cwd)
+    contents = git.blobs_starting_with(wanted, PREFIX, cwd)
     found: list[tuple[str, Manifest]] = []
     for oid, path in blobs:
         data = contents.get(oid)

@@ -33,13 +33,24 @@ fi
 """
 
 
+class HooksElsewhereError(ThetaError):
+    """core.hooksPath points outside the repository: hooks there are not ours to change."""
+
+
 def install_hooks(cwd: str | None = None) -> Path:
     """Install (or refresh) our pre-push hook in the repository; return its path.
 
-    Raises ThetaError when a foreign hook is present and a chained one already exists,
-    rather than lose either.
+    Raises HooksElsewhereError when core.hooksPath points outside the git directory (a
+    shared or tracked hooks directory), and ThetaError when a foreign hook is present
+    and a chained one already exists, rather than lose either.
     """
     hooks = git.git_path("hooks", cwd)
+    if not hooks.resolve().is_relative_to(git.common_dir(cwd).resolve()):
+        raise HooksElsewhereError(
+            f"core.hooksPath is {hooks}, outside this repository; git-theta does not write "
+            'there: add `git-theta pre-push "$@"` to that pre-push hook, or pushes will not '
+            "upload tensor objects"
+        )
     hook = hooks / "pre-push"
     try:
         current = hook.read_text(errors="replace")

@@ -42,3 +42,20 @@ def run_attached(*argv: str) -> int:
         return subprocess.run(argv, check=False).returncode
     except FileNotFoundError:
         raise CommandError(argv, 127, b"", f"{argv[0]}: command not found".encode()) from None
+
+
+def start(
+    *argv: str, cwd: str | None = None, env: Mapping[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` with pipes on stdin and stdout (stderr stays the user's), for the
+    long-running helpers we talk to (``git cat-file --batch``, ``git lfs filter-process``)."""
+    try:
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            cwd=cwd,
+            env=None if env is None else dict(env),
+        )
+    except FileNotFoundError:
+        raise CommandError(argv, 127, b"", f"{argv[0]}: command not found".encode()) from None

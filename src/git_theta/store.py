@@ -6,6 +6,7 @@ temporary file in the LFS tmp directory and are renamed into place; reads verify
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import os
@@ -65,6 +66,8 @@ class ObjectStore:
             final = self.path(ref.oid)
             if final.exists():
                 tmp.unlink()
+                with contextlib.suppress(OSError):  # in use again: out of prune's grace window
+                    os.utime(final)
             else:
                 final.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(tmp, final)

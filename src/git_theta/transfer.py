@@ -8,13 +8,14 @@ no fetch-by-oid command, so downloads speak git's filter protocol to one
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Iterable
 from typing import IO
 
 from git_theta import git
-from git_theta.errors import CommandError
-from git_theta.proc import run
+from git_theta.errors import ThetaError
+from git_theta.proc import run, start
 from git_theta.protocol.pktline import (
     PacketReader,
     PacketWriter,
@@ -23,6 +24,11 @@ from git_theta.protocol.pktline import (
     write_text,
 )
 from git_theta.store import ObjectRef, ObjectStore
+
+
+class LfsUnavailableError(ThetaError):
+    """git-lfs could not be started to download objects."""
+
 
 POINTER = "version https://git-lfs.github.com/spec/v1\noid sha256:{oid}\nsize {size}\n"
 
@@ -50,20 +56,28 @@ class Downloader:
 
     def _start(self) -> tuple[IO[bytes], IO[bytes]]:
         if self._proc is None:
-            self._proc = subprocess.Popen(
-                ["git", "lfs", "filter-process"],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                cwd=self.cwd,
-            )
+            # We ask for objects by oid: the user's skip or include/exclude settings for
+            # LFS files (matched against our made-up pathnames) must not apply.
+            env = {k: v for k, v in os.environ.items() if k != "GIT_LFS_SKIP_SMUDGE"}
+            self._proc = start(
+                "git", "-c", "lfs.fetchinclude=", "-c", "lfs.fetchexclude=",
+                "lfs", "filter-process", cwd=self.cwd, env=env,
+            )  # fmt: skip
             assert self._proc.stdin is not None and self._proc.stdout is not None
             inp, out = self._proc.stdin, self._proc.stdout
             write_text(inp, "git-filter-client", "version=2")
             write_text(inp, "capability=clean", "capability=smudge", "capability=delay")
             inp.flush()
-            if read_text_list(out)[:1] != ["git-filter-server"]:
-                raise CommandError(("git", "lfs", "filter-process"), 1, b"", b"bad handshake")
-            read_text_list(out)
+            try:
+                if read_text_list(out)[:1] != ["git-filter-server"]:
+                    raise EOFError
+                read_text_list(out)
+            except EOFError:
+                self.close()
+                raise LfsUnavailableError(
+                    "git-lfs did not start (`git lfs filter-process`); is git-lfs installed? "
+                    "(apt-get install git-lfs)"
+                ) from None
         assert self._proc.stdin is not None and self._proc.stdout is not None
         return self._proc.stdin, self._proc.stdout
 
@@ -78,8 +92,8 @@ class Downloader:
         wanted = {ref.oid: ref for ref in refs if not self.store.has(ref)}
         if not wanted:
             return
+        inp, out = self._start()
         try:
-            inp, out = self._start()
             delayed = 0
             for oid, ref in sorted(wanted.items()):
                 write_text(inp, "command=smudge", f"pathname={oid}", "can-delay=1")

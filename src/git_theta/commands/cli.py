@@ -48,6 +48,7 @@ def _parser() -> argparse.ArgumentParser:
         "checkout", help="write checkpoints left as manifests (GIT_THETA_SKIP_SMUDGE) in place"
     )
     p.add_argument("paths", nargs="*", metavar="PATH")
+    p.add_argument("--force", action="store_true", help="also overwrite files holding weights")
 
     p = sub.add_parser("diff", help="tensor-level diff: [REV_A [REV_B]] [PATH...]")
     p.add_argument("args", nargs="*", metavar="REV_OR_PATH")
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "checkout":
             from git_theta.commands.remote import checkout
 
-            return checkout(args.paths)
+            return checkout(args.paths, args.force)
         if args.command == "diff":
             from git_theta.commands.diff import diff, split_revs
 

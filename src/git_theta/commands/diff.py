@@ -149,6 +149,11 @@ def file_side(path: str, store: ObjectStore) -> dict[str, TensorSide]:
     return from_file(path)
 
 
+def _under(path: str, spec: str) -> bool:
+    """True when ``path`` is ``spec`` or inside the directory ``spec`` ('.' is the root)."""
+    return spec == "." or path == spec or path.startswith(spec.rstrip("/") + "/")
+
+
 def split_revs(args: list[str]) -> tuple[list[str], list[str]]:
     """Split positional arguments into revisions and paths, the way git does: a leading
     run of arguments that name commits are revisions, the rest are paths."""
@@ -191,7 +196,7 @@ def diff(
     prefix = git.show_prefix(top)
     wanted = {os.path.normpath(prefix + p) for p in paths}
     names = sorted(set(old_m) | set(new_m if new_m is not None else old_m))
-    names = [n for n in names if not wanted or n in wanted]
+    names = [n for n in names if not wanted or any(_under(n, w) for w in wanted)]
     name_filter: Callable[[str], bool] | None = (
         (lambda n: fnmatch.fnmatchcase(n, pattern)) if pattern else None
     )

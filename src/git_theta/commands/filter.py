@@ -12,7 +12,7 @@ from typing import cast
 from git_theta.clean import clean
 from git_theta.commands.errors import report
 from git_theta.errors import ThetaError
-from git_theta.hooks import install_hooks
+from git_theta.hooks import HooksElsewhereError, install_hooks
 from git_theta.protocol.filter_process import Handler, Sink, Source, serve
 from git_theta.repo import Repo
 from git_theta.settings import env_flag
@@ -52,6 +52,8 @@ def filter_process() -> int:
     repo = Repo()
     try:
         install_hooks()  # a fresh clone gets its pre-push hook on its first checkout
+    except HooksElsewhereError:
+        pass  # said by `git theta install`/`track`; not on every git command
     except ThetaError as exc:
         report(exc)
     try:

@@ -6,7 +6,7 @@ import sys
 
 from git_theta import git
 from git_theta.errors import ThetaError
-from git_theta.hooks import install_hooks
+from git_theta.hooks import HooksElsewhereError, install_hooks
 
 SETTINGS = (
     ("filter.theta.process", "git-theta filter-process"),
@@ -35,6 +35,9 @@ def install(scope: str) -> int:
         git.config_set(key, value, scope)
     sys.stderr.write(f"git-theta: configured git ({scope})\n")
     if git.inside_work_tree():
-        hook = install_hooks()
-        sys.stderr.write(f"git-theta: installed {hook}\n")
+        try:
+            hook = install_hooks()
+            sys.stderr.write(f"git-theta: installed {hook}\n")
+        except HooksElsewhereError as exc:
+            sys.stderr.write(f"git-theta: warning: {exc}\n")
     return 0

@@ -10,10 +10,12 @@ from __future__ import annotations
 import sys
 import time
 
-from git_theta.codec import MAGIC
+from git_theta.codec import MAGIC as DENSE
 from git_theta.commands.remote import needed_by
 from git_theta.history import manifests_between, manifests_in_index
 from git_theta.repo import Repo
+from git_theta.updates.factored import MAGIC as FACTORED
+from git_theta.updates.sparse import MAGIC as SPARSE
 
 GRACE = 3600  # seconds: never delete objects this new (an add may be writing its manifest)
 
@@ -21,7 +23,9 @@ GRACE = 3600  # seconds: never delete objects this new (an add may be writing it
 def prune(dry_run: bool) -> int:
     """Delete unreferenced git-theta objects; return 0. Prints what it did."""
     repo = Repo()
-    keep = {ref.oid for ref in needed_by(manifests_between(["--all", "--reflog"], []))}
+    # --indexed-objects covers the index of every worktree, not just this one.
+    everything = ["--all", "--reflog", "--indexed-objects"]
+    keep = {ref.oid for ref in needed_by(manifests_between(everything, []))}
     keep |= {ref.oid for ref in needed_by(manifests_in_index())}
     now = time.time()
     count = size = 0
@@ -33,7 +37,7 @@ def prune(dry_run: bool) -> int:
         if now - stat.st_mtime < GRACE:
             continue
         with open(path, "rb") as fh:
-            if fh.read(len(MAGIC)) != MAGIC:
+            if fh.read(4) not in (DENSE, SPARSE, FACTORED):
                 continue  # a plain Git LFS object: not ours to judge
         count += 1
         size += stat.st_size

@@ -85,21 +85,19 @@ def fetch(revs: list[str], everything: bool) -> int:
 def _placeholders(top: Path) -> list[str]:
     """Tracked files whose work-tree content is still a manifest (skipped smudge)."""
     out = git.git("ls-files", "-z", cwd=str(top)).split(b"\0")
-    paths = []
-    for raw in out:
-        path = raw.decode()
-        if not path:
-            continue
-        try:
-            with open(top / path, "rb") as fh:
-                if is_manifest(fh.read(64)):
-                    paths.append(path)
-        except OSError:
-            continue
-    return paths
+    paths = [os.fsdecode(raw) for raw in out if raw]
+    return [p for p in paths if (top / p).is_file() and _is_placeholder(top / p)]
 
 
-def checkout(paths: list[str]) -> int:
+def _is_placeholder(path: Path) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            return is_manifest(fh.read(64))
+    except FileNotFoundError:
+        return True
+
+
+def checkout(paths: list[str], force: bool = False) -> int:
     """Write checkpoints into the work tree directly (not through git's filter pipe, so
     memory does not grow with the file), downloading objects as needed."""
     top = git.toplevel()
@@ -112,6 +110,11 @@ def checkout(paths: list[str]) -> int:
             if manifest is None:
                 raise ThetaError(f"{path}: not a git-theta checkpoint in the index")
             dest = top / path
+            if not force and not _is_placeholder(dest):
+                raise ThetaError(
+                    f"{path}: the file holds weights, not a manifest; refusing to overwrite "
+                    "it (use --force, or `git checkout -- PATH` to discard changes)"
+                )
             tmp = dest.with_name(f".{dest.name}.theta-tmp")
             try:
                 with open(tmp, "wb") as fh:

@@ -6,7 +6,7 @@ import os
 import sys
 
 from git_theta import git
-from git_theta.hooks import install_hooks
+from git_theta.hooks import HooksElsewhereError, install_hooks
 
 OURS = ("filter=theta", "diff=theta", "merge=theta", "-text")
 _PREFIXES = ("filter=", "diff=", "merge=")
@@ -51,5 +51,8 @@ def track(patterns: list[str]) -> int:
         tmp = attributes.with_name(".gitattributes.theta-tmp")
         tmp.write_text(new)
         os.replace(tmp, attributes)
-    install_hooks()
+    try:
+        install_hooks()
+    except HooksElsewhereError as exc:
+        sys.stderr.write(f"git-theta: warning: {exc}\n")
     return 0

@@ -44,7 +44,8 @@ def read_text_list(stream: IO[bytes]) -> list[str]:
     """Read text packets up to the next flush and return them without trailing newlines."""
     out: list[str] = []
     while (packet := read_packet(stream)) is not None:
-        out.append(packet.decode().rstrip("\n"))
+        # Paths need not be UTF-8: keep their bytes (as subprocess will pass them back).
+        out.append(packet.decode(errors="surrogateescape").rstrip("\n"))
     return out
 
 
