@@ -32,7 +32,7 @@ def header(entries: dict[str, object]) -> bytes:
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        (b"", "not a checkpoint in a known format (known: safetensors)"),
+        (b"", "not a checkpoint in a known format (known: gguf, npy, safetensors)"),
         (b"hello world, this is text", "not a checkpoint in a known format"),
         (GOOD[:-3], "file is truncated at byte"),
         (GOOD[:20], "file is truncated at byte 20"),

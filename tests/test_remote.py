@@ -263,3 +263,65 @@ def test_theta_checkout_refuses_to_overwrite_weights(repo: Path, tmp_path: Path)
     assert done.returncode == 1
     assert "model.safetensors: the file holds weights, not a manifest" in done.stderr
     assert sha256(repo / "model.safetensors") == work
+
+
+def test_tags_force_pushes_several_remotes_and_rejections(repo: Path, tmp_path: Path) -> None:
+    url = make_origin(tmp_path, repo)
+    backup = tmp_path / "backup.git"
+    git(tmp_path, "init", "-q", "--bare", str(backup))
+    git(repo, "remote", "add", "backup", f"file://{backup}")
+    write(repo, 1)
+    commit(repo, "v1")
+    git(repo, "tag", "-a", "v1", "-m", "release 1")
+    git(repo, "push", "-q", "origin", "main", "v1")
+    git(repo, "push", "-q", "backup", "main", "--tags")
+
+    # A rewritten history goes up with --force, objects and all.
+    v2 = write(repo, 2)
+    git(repo, "commit", "-q", "--amend", "-a", "-m", "v1, redone")
+    git(repo, "push", "-q", "--force", "origin", "main")
+    for remote in (url, f"file://{backup}"):
+        dest = tmp_path / f"clone-{len(list(tmp_path.iterdir()))}"
+        clone(remote, dest)
+        git(dest, "checkout", "-q", "v1")
+        assert sha256(dest / "model.safetensors") != v2
+    fresh = tmp_path / "fresh"
+    clone(url, fresh)
+    assert sha256(fresh / "model.safetensors") == v2
+
+    # A diverged remote: the push is rejected the normal git way, refs untouched.
+    write(fresh, 3)
+    commit(fresh, "from fresh")
+    git(fresh, "push", "-q", "origin", "main")
+    write(repo, 4)
+    commit(repo, "diverged")
+    done = git(repo, "push", "origin", "main", check=False)
+    assert done.returncode != 0
+    assert "[rejected]" in done.stderr.decode()
+    remote_main = git(repo, "ls-remote", url, "refs/heads/main").stdout.decode().split()[0]
+    assert remote_main == git(fresh, "rev-parse", "HEAD").stdout.decode().strip()
+
+
+def test_merge_commits_push_from_a_fresh_clone(repo: Path, tmp_path: Path) -> None:
+    url = make_origin(tmp_path, repo)
+    write(repo, 1)
+    commit(repo, "v1")
+    git(repo, "push", "-q", "origin", "main")
+    second = tmp_path / "second"
+    clone(url, second)
+    git(second, "checkout", "-q", "-b", "side")
+    values = f32(SHAPES, 1)
+    values["head"] += 1
+    (second / "model.safetensors").write_bytes(st_from_arrays(values))
+    commit(second, "side changes head")
+    git(second, "checkout", "-q", "main")
+    values = f32(SHAPES, 1)
+    values["emb"] += 1
+    (second / "model.safetensors").write_bytes(st_from_arrays(values))
+    commit(second, "main changes emb")
+    git(second, "merge", "-q", "--no-edit", "side")
+    merged = sha256(second / "model.safetensors")
+    git(second, "push", "-q", "origin", "main", "side")
+    third = tmp_path / "third"
+    clone(url, third)
+    assert sha256(third / "model.safetensors") == merged

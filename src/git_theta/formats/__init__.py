@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from git_theta.errors import CheckpointError
 from git_theta.formats.base import CheckpointFormat
+from git_theta.formats.gguf import GgufFormat
+from git_theta.formats.numpy_npy import NpyFormat
 from git_theta.formats.safetensors import SafetensorsFormat
 from git_theta.registry import Registry
 
 FORMATS: Registry[CheckpointFormat] = Registry("git_theta.plugins.checkpoints", "checkpoint format")
 # Built-ins are registered directly so the filter does not pay for an entry-point scan.
-FORMATS.register(SafetensorsFormat.key, SafetensorsFormat())
+for _format in (SafetensorsFormat(), NpyFormat(), GgufFormat()):
+    FORMATS.register(_format.key, _format)
 
 
 def detect(head: bytes, path: str) -> CheckpointFormat:

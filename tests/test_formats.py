@@ -1,0 +1,103 @@
+"""Formats beyond safetensors: NumPy .npy and GGUF, byte-exact through real git."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import git, lfs_objects, sha256
+
+from git_theta.commands.cli import main
+
+
+@pytest.fixture
+def tracked(repo: Path) -> Path:
+    assert main(["track", "*.npy", "*.gguf"]) == 0
+    git(repo, "add", ".gitattributes")
+    git(repo, "commit", "-q", "-m", "track more")
+    return repo
+
+
+def round_trip(repo: Path, name: str) -> str:
+    sha = sha256(repo / name)
+    git(repo, "add", name)
+    git(repo, "commit", "-q", "-m", name)
+    (repo / name).unlink()
+    git(repo, "checkout", "--", name)
+    assert sha256(repo / name) == sha
+    return str(json.loads(git(repo, "show", f"HEAD:{name}").stdout)["format"])
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.arange(12, dtype=np.float32).reshape(3, 4) / 7,
+        np.asfortranarray(np.arange(12, dtype=np.float64).reshape(3, 4)),
+        np.array([True, False, True]),
+        np.arange(6, dtype=np.int16).astype(">i2"),  # big-endian: stored as opaque bytes
+        np.array(3.5 + 1j, dtype=np.complex64),
+        np.zeros((0, 5), dtype=np.float16),
+    ],
+)
+def test_npy_round_trip(tracked: Path, array: np.ndarray) -> None:
+    np.save(tracked / "a.npy", array)
+    assert round_trip(tracked, "a.npy") == "npy"
+    assert np.array_equal(np.load(tracked / "a.npy"), array)
+
+
+def test_npy_object_arrays_are_refused(tracked: Path) -> None:
+    np.save(tracked / "o.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    done = git(tracked, "add", "o.npy", check=False)
+    assert done.returncode != 0
+    assert (
+        "git-theta: error: o.npy: .npy object arrays are pickles; git-theta does not read them"
+        in done.stderr.decode()
+    )
+
+
+def write_gguf(path: Path, scale: float = 1.0) -> None:
+    gguf = pytest.importorskip("gguf")
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(2)
+    writer.add_string("general.name", "tiny")
+    writer.add_array("tokenizer.ggml.tokens", ["<s>", "</s>", "hello"])
+    rng = np.random.default_rng(0)
+    writer.add_tensor("tok_embd.weight", (rng.standard_normal((16, 64)) * scale).astype(np.float32))
+    writer.add_tensor("blk.0.attn_q.weight", rng.standard_normal((64, 64)).astype(np.float16))
+    blocks = rng.integers(0, 256, (64, 2 * 34), dtype=np.uint8)  # Q8_0: 34 bytes per 32
+    # Raw blocks: their byte shape (64 rows of 68 bytes) is 64 x 64 Q8_0 elements.
+    writer.add_tensor("blk.0.ffn_up.weight", blocks, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_gguf_round_trip_and_one_changed_tensor(tracked: Path) -> None:
+    gguf = pytest.importorskip("gguf")
+    write_gguf(tracked / "m.gguf")
+    assert round_trip(tracked, "m.gguf") == "gguf"
+    reader = gguf.GGUFReader(str(tracked / "m.gguf"))
+    assert [t.name for t in reader.tensors] == [
+        "tok_embd.weight", "blk.0.attn_q.weight", "blk.0.ffn_up.weight"
+    ]  # fmt: skip
+    manifest = json.loads(git(tracked, "show", "HEAD:m.gguf").stdout)
+    assert manifest["tensors"]["blk.0.ffn_up.weight"]["dtype"] == "GGML_Q8_0"
+    assert manifest["tensors"]["tok_embd.weight"]["shape"] == [16, 64]
+
+    before = lfs_objects(tracked)
+    write_gguf(tracked / "m.gguf", scale=2.0)
+    git(tracked, "add", "m.gguf")
+    new = lfs_objects(tracked) - before
+    assert len(new) == 1  # only tok_embd changed
+
+
+def test_gguf_truncated_is_a_clear_error(tracked: Path) -> None:
+    write_gguf(tracked / "m.gguf")
+    data = (tracked / "m.gguf").read_bytes()
+    (tracked / "m.gguf").write_bytes(data[:40])
+    done = git(tracked, "add", "m.gguf", check=False)
+    assert done.returncode != 0
+    assert "git-theta: error: m.gguf: file is truncated at byte" in done.stderr.decode()
