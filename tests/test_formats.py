@@ -101,3 +101,35 @@ def test_gguf_truncated_is_a_clear_error(tracked: Path) -> None:
     done = git(tracked, "add", "m.gguf", check=False)
     assert done.returncode != 0
     assert "git-theta: error: m.gguf: file is truncated at byte" in done.stderr.decode()
+
+
+def test_resharding_stores_no_tensor_twice(repo: Path) -> None:
+    from st_files import f32, st_from_arrays
+
+    values = f32({"a": (64, 64), "b": (64, 64), "c": (64, 64), "d": (64, 64)}, 3)
+    index = {"weight_map": {"a": "s1", "b": "s1", "c": "s2", "d": "s2"}}
+    (repo / "model-00001-of-00002.safetensors").write_bytes(
+        st_from_arrays({k: values[k] for k in "ab"})
+    )
+    (repo / "model-00002-of-00002.safetensors").write_bytes(
+        st_from_arrays({k: values[k] for k in "cd"})
+    )
+    (repo / "model.safetensors.index.json").write_text(json.dumps(index))
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "two shards")
+    before = lfs_objects(repo)
+    # Re-shard: "b" moves to the second shard; no tensor's bytes change.
+    (repo / "model-00001-of-00002.safetensors").write_bytes(st_from_arrays({"a": values["a"]}))
+    (repo / "model-00002-of-00002.safetensors").write_bytes(
+        st_from_arrays({k: values[k] for k in "bcd"})
+    )
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "reshard")
+    new = lfs_objects(repo) - before
+    assert len(new) == 2  # the two shards' new headers; every tensor object is reused
+    shards = sorted(repo.glob("*.safetensors"))
+    shas = [sha256(p) for p in shards]
+    for p in shards:
+        p.unlink()
+    git(repo, "checkout", "--", ".")
+    assert [sha256(p) for p in shards] == shas
