@@ -4,6 +4,7 @@ never a crash, a hang, or code from the file running."""
 from __future__ import annotations
 
 import io
+import os
 import tempfile
 from pathlib import Path
 
@@ -41,7 +42,12 @@ def samples() -> dict[str, bytes]:
 SAMPLES = samples()
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=int(os.environ.get("THETA_FUZZ_EXAMPLES", "150")),
+    deadline=None,
+    derandomize=not os.environ.get("THETA_FUZZ_EXAMPLES"),  # CI: the same cases every run
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(
     kind=st.sampled_from(sorted(SAMPLES)),
     cut=st.one_of(st.none(), st.integers(0, 2000)),

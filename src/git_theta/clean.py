@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from git_theta.updates.base import UpdateType
 
 _PEEK = 64
+_STEP = 64 << 20  # read large tensors in steps, so a lying header cannot over-allocate
 
 
 class _Reader:
@@ -37,19 +38,19 @@ class _Reader:
         self.offset = 0
 
     def read(self, n: int) -> bytearray:
-        out = bytearray(n)
-        view = memoryview(out)
-        got = min(n, len(self._head))
-        view[:got] = self._head[:got]
-        self._head = self._head[got:]
-        while got < n:
-            step = self._source.readinto(view[got:])
-            if step == 0:
+        """Return exactly ``n`` bytes. Memory grows with the bytes that really arrive, so a
+        header claiming a huge tensor fails as truncated instead of allocating it."""
+        out = bytearray(self._head[:n])
+        self._head = self._head[len(out) :]
+        while len(out) < n:
+            piece = bytearray(min(n - len(out), _STEP))
+            got = self._source.readinto(memoryview(piece))
+            if got == 0:
                 raise CheckpointError(
-                    f"file is truncated at byte {self.offset + got} "
+                    f"file is truncated at byte {self.offset + len(out)} "
                     f"(expected at least {self.offset + n} bytes)"
                 )
-            got += step
+            out += memoryview(piece)[:got]
         self.offset += n
         return out
 
