@@ -67,6 +67,11 @@ def test_low_rank_and_ia3_through_git(repo: Path, tmp_path: Path) -> None:
     assert "git-theta: attn.q.weight: low-rank factors reproduce the file within" in done.stderr
     git(repo, "commit", "-q", "-m", "lora")
     assert chain_of(repo, "attn.q.weight") == ["dense", "low-rank"]
+    report = subprocess.run(
+        ["git", "theta", "diff", "HEAD~1", "HEAD"], cwd=repo, capture_output=True, text=True
+    ).stdout
+    norm_r, norm_c = np.linalg.norm(R.astype(np.float64)), np.linalg.norm(C.astype(np.float64))
+    assert f"low-rank update: rank 8, scale 1, |R| {norm_r:.4g}, |C| {norm_c:.4g}" in report, report
     assert git(repo, "status", "--porcelain").stdout == b""
     v2 = sha256(repo / "m.safetensors")
 

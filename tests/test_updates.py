@@ -150,6 +150,11 @@ def test_auto_env_and_rules_choose_per_tensor(repo: Path) -> None:
     assert updates_of(repo) == {
         "emb": ["dense", "sparse"], "attn": ["dense", "delta"], "mlp": ["dense"]
     }  # fmt: skip
+    report = subprocess.run(
+        ["git", "theta", "diff", "HEAD~1", "HEAD"], cwd=repo, capture_output=True, text=True
+    ).stdout
+    assert "M emb  F32 [256, 64]  dense+sparse  82/16,384 changed (0.50%)" in report
+    assert "sparse update of 82 elements" in report
 
     values["mlp"][0, 0] = np.float32(7)
     values["emb"][1, 1] = np.float32(3)

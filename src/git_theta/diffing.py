@@ -18,7 +18,7 @@ from git_theta.content import content_hash
 from git_theta.dtypes import lookup
 from git_theta.errors import ThetaError
 from git_theta.formats import detect
-from git_theta.manifest import Manifest, TensorEntry
+from git_theta.manifest import Link, Manifest, TensorEntry
 from git_theta.store import ObjectStore
 from git_theta.values import as_float64, elements_changed
 
@@ -31,6 +31,8 @@ class TensorSide:
     update: str  # how it is stored ("dense", ...; "file" for a work-tree file)
     objects: frozenset[tuple[str, int]]  # (oid, size) of its chain
     load: Callable[[], bytes | bytearray] | None  # None: values not available locally
+    links: tuple[Link, ...] = ()  # its chain, when it comes from a manifest
+    store: ObjectStore | None = None
 
 
 @dataclass
@@ -45,6 +47,7 @@ class TensorDiff:
     max_abs: float | None = None
     rel: float | None = None  # ||new - old|| / ||old||
     note: str = ""
+    update_summary: str = ""  # from the stored update (sparse count, low-rank rank...)
 
 
 @dataclass
@@ -75,6 +78,8 @@ def from_manifest(manifest: Manifest | None, store: ObjectStore) -> dict[str, Te
             "+".join(link.update for link in entry.chain),
             frozenset((link.ref.oid, link.ref.size) for link in entry.chain),
             load if present else None,
+            entry.chain,
+            store,
         )
     return out
 
@@ -107,9 +112,25 @@ def from_file(path: str) -> dict[str, TensorSide]:
     return out
 
 
+def _update_summary(old: TensorSide, new: TensorSide) -> str:
+    """What the stored update itself says, when ``new`` is ``old`` plus one update."""
+    from git_theta.updates import UPDATES
+
+    if new.store is None or not old.links or new.links[:-1] != old.links:
+        return ""
+    link = new.links[-1]
+    if not new.store.has(link.ref):
+        return ""
+    try:
+        return UPDATES.get(link.update).summary(new.store.get(link.ref))
+    except ThetaError:
+        return ""
+
+
 def _measure(diff: TensorDiff) -> None:
     old, new = diff.old, diff.new
     assert old is not None and new is not None
+    diff.update_summary = _update_summary(old, new)
     if old.dtype != new.dtype or old.shape != new.shape:
         diff.note = "dtype or shape changed"
         return

@@ -47,6 +47,8 @@ def _tensor_line(t: TensorDiff) -> str:
             parts.append(f"{t.changed:,}/{t.numel:,} changed ({_pct(t.changed, t.numel)})")
         if t.l2 is not None:
             parts.append(f"L2 {t.l2:.4g}  max {t.max_abs:.4g}  rel {t.rel:.4g}")
+        if t.update_summary:
+            parts.append(t.update_summary)
         if t.note:
             parts.append(t.note)
     else:
@@ -132,6 +134,7 @@ def render_json(reports: list[FileDiff]) -> str:
                     "name": t.name, "status": t.status, "old": _side_json(t.old),
                     "new": _side_json(t.new), "numel": t.numel, "changed": t.changed,
                     "l2": t.l2, "max_abs": t.max_abs, "rel": t.rel, "note": t.note or None,
+                    "update_summary": t.update_summary or None,
                 }
                 for t in r.tensors
             ],

@@ -51,6 +51,10 @@ class UpdateType(ABC):
         """
         raise UsageError(f"update type {self.key!r} takes no --update-path")
 
+    def summary(self, payload: bytes) -> str:
+        """One line on what a stored update says about the change (for diffs), if any."""
+        return ""
+
     @abstractmethod
     def apply(self, prev: bytearray | None, payload: bytes, dtype: str) -> bytearray:
         """Return the new value from the previous value and the payload."""

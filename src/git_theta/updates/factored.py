@@ -160,6 +160,9 @@ class Factored(UpdateType):
         text = json.dumps(header, sort_keys=True).encode()
         return self.key, [MAGIC, _LEN.pack(len(text)), text, *blobs, *correction]
 
+    def summary(self, payload: bytes) -> str:
+        return _summary(self.kind, payload) if payload[:4] == MAGIC else ""
+
     def apply(self, prev: bytearray | None, payload: bytes, dtype: str) -> bytearray:
         if prev is None or payload[:4] != MAGIC:
             raise ObjectCorruptError(f"not a {self.kind} update object")
@@ -182,6 +185,25 @@ class Factored(UpdateType):
             raise ObjectCorruptError(f"{self.kind} update does not fit the previous value")
         size = _size(dtype)
         return _unzigzag(np.frombuffer(correction, dtype=_UNSIGNED[size]), guess, size)
+
+
+def _summary(kind: str, payload: bytes) -> str:
+    (length,) = _LEN.unpack_from(payload, 4)
+    header = json.loads(payload[8 : 8 + length])
+    pos = 8 + length
+    norms = []
+    for f in header["factors"]:
+        raw = codec.decode(memoryview(payload)[pos : pos + f["size"]])
+        values = Factor(f["dtype"], tuple(f["shape"]), bytes(raw)).values()
+        norms.append(float(np.sqrt(np.sum(values * values))))
+        pos += f["size"]
+    if kind == "low-rank":
+        rank = header["factors"][0]["shape"][-1]
+        return (
+            f"low-rank update: rank {rank}, scale {header['scale']:.4g}, "
+            f"|R| {norms[0]:.4g}, |C| {norms[1]:.4g}"
+        )
+    return f"ia3 update: {header['factors'][0]['shape']} scales, |v| {norms[0]:.4g}"
 
 
 def _max_error(new: Buffer, guess: bytes, dtype: str) -> float:

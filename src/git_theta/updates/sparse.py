@@ -59,3 +59,7 @@ class Sparse(UpdateType):
             raise ObjectCorruptError("sparse update touches elements past the tensor's end")
         target[where] = _elements(values, size)
         return out
+
+    def summary(self, payload: bytes) -> str:
+        _, _, count, _ = _HEAD.unpack_from(payload)
+        return f"sparse update of {count:,} elements"
