@@ -9,7 +9,8 @@ all-MiniLM-L6-v2 weights, in FP32 and in BF16:
 - v4: every weight multiplied by (1 + 1e-3 * noise);
 - v5: one tensor added, one removed.
 
-Each version is committed with plain ``git add`` (update type ``auto``) and with Git LFS;
+Each version is committed with plain ``git add`` (update type ``auto``; v2 first with
+``git theta add --update-type low-rank --update-path`` the LoRA factors) and with Git LFS;
 the table gives the bytes each adds to .git/lfs/objects and the median checkout time.
 
 Usage: python bench/series.py [--out FILE] [--runs N]
@@ -52,12 +53,17 @@ def sparse_tweak(t: Tensors, rng: np.random.Generator) -> Tensors:
     return t
 
 
+FACTORS: Tensors = {}  # the last LoRA's factors, for `git theta add --update-path`
+
+
 def lora(t: Tensors, rng: np.random.Generator) -> Tensors:
+    FACTORS.clear()
     for name, arr in t.items():
         if name.endswith(("attention.self.query.weight", "attention.self.value.weight")):
             b = rng.standard_normal((arr.shape[0], 8), dtype=np.float32) * 0.01
             a = rng.standard_normal((8, arr.shape[1]), dtype=np.float32) * 0.01
-            _back(t, name, _float(t, name) + 2.0 * (b @ a))
+            _back(t, name, _float(t, name) + b @ a)  # merged with a float32 matmul
+            FACTORS[f"{name}/R"], FACTORS[f"{name}/C"] = b, a
     return t
 
 
@@ -87,7 +93,7 @@ def add_remove(t: Tensors, rng: np.random.Generator) -> Tensors:
 
 STEPS: list[Step] = [
     ("v1 sparse 0.5%", sparse_tweak),
-    ("v2 rank-8 LoRA on q, v", lora),
+    ("v2 rank-8 LoRA on q, v (low-rank)", lora),
     ("v3 last layer + head", last_layer),
     ("v4 all x (1+1e-3 noise)", scale_all),
     ("v5 +1 tensor, -1 tensor", add_remove),
@@ -114,18 +120,27 @@ def history(work: Path, env: bench.Env, label: str, start: Tensors) -> list[list
         versions.append((name, tensors))
     rows: list[list[str]] = []
     totals = {"theta": 0, "lfs": 0}
+    factors = work / f"{label}-lora.safetensors".replace(" ", "_")
     for name, values in versions:
         added: dict[str, int] = {}
         for tool, repo in repos.items():
             bench.write_safetensors(repo / bench.FILE, values)
             before = bench.stored_bytes(repo)
+            if tool == "theta" and name.startswith("v2"):
+                bench.write_safetensors(factors, FACTORS)
+                add = ["git", "theta", "add", "--update-type", "low-rank"]
+                bench.run([*add, "--update-path", str(factors), bench.FILE], repo, env)
             bench.run(["git", "add", "-A"], repo, env)
             bench.run(["git", "commit", "-q", "-m", name], repo, env)
             added[tool] = bench.stored_bytes(repo) - before
             totals[tool] += added[tool]
         raw = (repos["theta"] / bench.FILE).stat().st_size
+        note = ""
+        if name.startswith("v2"):
+            size = factors.stat().st_size
+            note = f"factors file {size / bench.MB:.2f} MB: {added['theta'] / size:.2f}x of it"
         rows.append([label, name, f"{raw / bench.MB:.1f} MB", _frac(added["theta"], raw),
-                     _frac(added["lfs"], raw)])  # fmt: skip
+                     _frac(added["lfs"], raw), note])  # fmt: skip
     rows.append([label, "**whole series**", "", _mb(totals["theta"]), _mb(totals["lfs"]),
                  f"{totals['theta'] / totals['lfs']:.3f}x"])  # fmt: skip
     return rows

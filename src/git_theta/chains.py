@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from git_theta.updates.base import UpdateType
 
 MAX_CHAIN = 8
-CLEAR_WIN = 0.25
 
 
 def store_value(
@@ -42,6 +41,7 @@ def store_value(
     ``update`` is a registered key or a configured plugin (e.g. low-rank with its factors).
     """
     from git_theta.updates import UPDATES
+    from git_theta.updates.base import CLEAR_WIN
     from git_theta.updates.dense import Dense
 
     plugin = UPDATES.get(update) if isinstance(update, str) else update

@@ -6,14 +6,13 @@ from collections.abc import Callable
 
 import numpy as np
 
-from git_theta.updates.base import Buffer, UpdateType
+from git_theta.updates.base import CLEAR_WIN, Buffer, UpdateType
 from git_theta.updates.delta import Delta
 from git_theta.updates.dense import Dense
 from git_theta.updates.layout import itemsize
 from git_theta.updates.sparse import Sparse, _elements
 
 SPARSE_MAX = 0.5  # above this fraction of changed elements sparse cannot win
-CLEAR_WIN = 0.25  # an update this small against the last dense value beats a new one
 DELTA_MIN = 0.01  # below it sparse always beats delta (measured on MiniLM), so skip it
 
 

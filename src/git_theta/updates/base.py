@@ -9,6 +9,9 @@ from typing import ClassVar
 from git_theta.errors import UsageError
 
 Buffer = bytes | bytearray | memoryview
+# An update smaller than this fraction of the previous dense value cannot lose to a new
+# dense value worth computing: auto and the chain bound skip that encode.
+CLEAR_WIN = 0.25
 
 
 class UpdateType(ABC):
