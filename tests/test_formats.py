@@ -133,3 +133,32 @@ def test_resharding_stores_no_tensor_twice(repo: Path) -> None:
         p.unlink()
     git(repo, "checkout", "--", ".")
     assert [sha256(p) for p in shards] == shas
+
+
+def test_builtin_formats_pass_the_plugin_conformance_kit() -> None:
+    import io as _io
+
+    from git_theta.formats import FORMATS
+    from git_theta.testing import check_format
+
+    buf = _io.BytesIO()
+    np.save(buf, np.arange(50, dtype=np.float16))
+    check_format(FORMATS.get("npy"), [buf.getvalue()], [buf.getvalue()[:30]])
+    from st_files import f32, st_from_arrays
+
+    sample = st_from_arrays(f32({"w": (10, 3)}, 2))
+    check_format(FORMATS.get("safetensors"), [sample], [sample[:-1], b"junk" * 4])
+
+
+def test_builtin_update_types_pass_the_conformance_kit() -> None:
+    from git_theta.testing import check_update_type
+    from git_theta.updates import UPDATES
+
+    rng = np.random.default_rng(9)
+    prev = rng.standard_normal(4096).astype(np.float32)
+    nudged = prev * np.float32(1.001)
+    sparse = prev.copy()
+    sparse[::97] = -0.0
+    pairs = [(prev.tobytes(), nudged.tobytes()), (prev.tobytes(), sparse.tobytes())]
+    for key in ("dense", "sparse", "delta", "auto"):
+        check_update_type(UPDATES.get(key), pairs, "F32")
