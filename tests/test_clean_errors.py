@@ -12,9 +12,11 @@ from st_files import st_bytes
 
 from git_theta.clean import clean
 from git_theta.errors import CheckpointError, ManifestError
+from git_theta.formats import FORMATS
 from git_theta.manifest import parse
 from git_theta.store import ObjectStore
 
+KNOWN = ", ".join(sorted(FORMATS.all()))  # built-ins and any installed plugin
 GOOD = st_bytes({"w": ("F32", (4,), b"\0" * 16), "b": ("F32", (2,), b"\1" * 8)})
 
 
@@ -32,7 +34,7 @@ def header(entries: dict[str, object]) -> bytes:
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        (b"", "not a checkpoint in a known format (known: gguf, npy, safetensors)"),
+        (b"", f"not a checkpoint in a known format (known: {KNOWN})"),
         (b"hello world, this is text", "not a checkpoint in a known format"),
         (GOOD[:-3], "file is truncated at byte"),
         (GOOD[:20], "file is truncated at byte 20"),
