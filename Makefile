@@ -11,6 +11,9 @@ $(VENV)/.installed: pyproject.toml plugins/git-theta-rawf32/pyproject.toml
 	bash scripts/ensure-git-lfs.sh
 	python3 -m venv $(VENV)
 	$(PIP) install --upgrade pip
+	# The CPU build of torch first (for the PyTorch format tests), so pip never picks
+	# another torch for anything that depends on it.
+	$(PIP) install torch==2.13.0
 	$(PIP) install -e '.[test]'
 	# Real MiniLM weights for tests and the demo; only the files are needed, not
 	# sentence-transformers (which would pull a CUDA torch).

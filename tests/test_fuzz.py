@@ -36,6 +36,11 @@ def samples() -> dict[str, bytes]:
         writer.write_tensors_to_file()
         writer.close()
         out["gguf"] = path.read_bytes()
+    torch = pytest.importorskip("torch")
+    buf = io.BytesIO()
+    w = torch.arange(12, dtype=torch.float32)
+    torch.save({"w": w, "tied": w, "h": torch.ones(3, dtype=torch.float16), "n": 1}, buf)
+    out["pt"] = buf.getvalue()
     return out
 
 

@@ -7,9 +7,10 @@ while the next tensor is read. An unchanged tensor costs a hash, not an encode.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 from git_theta import chains
 from git_theta.content import content_hash
@@ -108,6 +109,17 @@ def clean(
         sink.write(head + source.read())
         return
     fmt = detect(head, path)
+    if fmt.needs_seek:
+        # An index at the end (zip): spool to a temporary file, find the spans there, then
+        # read it front to back like any other file.
+        with tempfile.TemporaryFile(dir=store.tmp_dir()) as spool:
+            spool.write(head)
+            size = len(head) + _copy(source, spool)
+            spans = _check_spans(fmt.read_spans(spool, size), 0)
+            spool.seek(0)
+            _clean_spans(_Reader(b"", spool), bytearray(), spans, fmt.key, sink, path, store,
+                         previous, show_progress, update_for)  # fmt: skip
+        return
     reader = _Reader(head, source)
     glue = bytearray()
 
@@ -117,6 +129,32 @@ def clean(
         return bytes(data)
 
     spans = _check_spans(fmt.read_header(read_header), reader.offset)
+    _clean_spans(reader, glue, spans, fmt.key, sink, path, store, previous, show_progress,
+                 update_for)  # fmt: skip
+
+
+def _copy(source: Source, dest: IO[bytes]) -> int:
+    total = 0
+    while chunk := source.read(_STEP):
+        dest.write(chunk)
+        total += len(chunk)
+    return total
+
+
+def _clean_spans(
+    reader: _Reader,
+    glue: bytearray,
+    spans: list[TensorSpan],
+    format_key: str,
+    sink: Sink,
+    path: str,
+    store: ObjectStore,
+    previous: Manifest | None,
+    show_progress: bool | None,
+    update_for: Callable[[str], UpdateType | str] | None,
+) -> None:
+    """Store the tensors at ``spans`` (read in order from ``reader``, whose bytes so far
+    are ``glue``) and write the manifest."""
     layout: list[int | str] = []
 
     def add_glue(data: bytes | bytearray) -> None:
@@ -193,7 +231,7 @@ def clean(
 
     glue_ref = store.put(codec.encode(glue, level=9))
     manifest = Manifest(
-        format=fmt.key,
+        format=format_key,
         size=reader.offset,
         glue=Glue(content_hash(glue), glue_ref),
         layout=tuple(layout),

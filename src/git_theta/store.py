@@ -36,6 +36,11 @@ class ObjectStore:
         self.root = lfs_dir / "objects"
         self.tmp = lfs_dir / "tmp"
 
+    def tmp_dir(self) -> Path:
+        """The directory for temporary files (created on demand)."""
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        return self.tmp
+
     def path(self, oid: str) -> Path:
         """Return where the object ``oid`` lives (git-lfs's ``aa/bb/oid`` layout)."""
         return self.root / oid[0:2] / oid[2:4] / oid

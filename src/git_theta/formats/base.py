@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import BinaryIO, ClassVar
 
 # read(n) returns exactly n bytes of the file or raises CheckpointError (truncated).
 ReadExact = Callable[[int], bytes]
@@ -31,6 +31,7 @@ class CheckpointFormat(ABC):
 
     key: ClassVar[str]
     head_size: ClassVar[int] = 16  # bytes ``sniff`` needs
+    needs_seek: ClassVar[bool] = False  # True: read_spans on a seekable copy instead
 
     @abstractmethod
     def sniff(self, head: bytes, path: str) -> bool:
@@ -43,3 +44,8 @@ class CheckpointFormat(ABC):
         Raises CheckpointError when the header is malformed. Spans must lie after the
         bytes this method consumed and must not overlap.
         """
+
+    def read_spans(self, fh: BinaryIO, size: int) -> list[TensorSpan]:
+        """For ``needs_seek`` formats (an index at the end, like zip): return every
+        tensor's span in the seekable file ``fh`` of ``size`` bytes."""
+        raise NotImplementedError

@@ -1,0 +1,191 @@
+"""PyTorch ``torch.save`` files (the zip format, torch >= 1.6), read without unpickling.
+
+The archive's central directory gives each record's place; ``data.pkl`` is interpreted by
+``safe_pickle`` (an allow-list, no code runs) to learn each storage's dtype and the names
+of the tensors that use it. Each storage record is one tensor span (tied weights and views
+share a storage, so they are stored once); everything else — the pickle, zip headers,
+alignment padding, the central directory — is kept verbatim, so checkout is byte-exact.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, BinaryIO
+
+from git_theta.dtypes import lookup
+from git_theta.errors import CheckpointError
+from git_theta.formats.base import CheckpointFormat, ReadExact, TensorSpan
+from git_theta.formats.safe_pickle import StorageRef, TensorRef, load
+
+_DTYPES = {
+    "FloatStorage": "F32", "DoubleStorage": "F64", "HalfStorage": "F16",
+    "BFloat16Storage": "BF16", "LongStorage": "I64", "IntStorage": "I32",
+    "ShortStorage": "I16", "CharStorage": "I8", "ByteStorage": "U8", "BoolStorage": "BOOL",
+    "ComplexFloatStorage": "C64", "ComplexDoubleStorage": "C128",
+    "Float8_e4m3fnStorage": "F8_E4M3", "Float8_e5m2Storage": "F8_E5M2",
+    "UInt16Storage": "U16", "UInt32Storage": "U32", "UInt64Storage": "U64",
+}  # fmt: skip
+_FROM_TORCH = {
+    "float32": "F32", "float64": "F64", "float16": "F16", "bfloat16": "BF16", "int64": "I64",
+    "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
+    "complex64": "C64", "complex128": "C128", "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2", "float8_e4m3fnuz": "F8_E4M3FNUZ", "float8_e5m2fnuz": "F8_E5M2FNUZ",
+    "float8_e8m0fnu": "F8_E8M0", "uint16": "U16", "uint32": "U32", "uint64": "U64",
+}  # fmt: skip
+LEGACY_MAGIC = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19"  # pickled magic number
+
+
+def _entries(fh: BinaryIO, size: int) -> dict[str, tuple[int, int, int]]:
+    """Central directory: name -> (local header offset, stored size, method)."""
+    tail_len = min(size, 65536 + 22)
+    fh.seek(size - tail_len)
+    tail = fh.read(tail_len)
+    at = tail.rfind(b"PK\x05\x06")
+    if at < 0:
+        raise CheckpointError("zip end of central directory not found (truncated file?)")
+    count, cd_size, cd_offset = struct.unpack_from("<HII", tail, at + 10)
+    loc = tail.rfind(b"PK\x06\x07", 0, at)
+    if loc >= 0 and (count == 0xFFFF or cd_offset == 0xFFFFFFFF):  # zip64
+        (eocd64,) = struct.unpack_from("<Q", tail, loc + 8)
+        fh.seek(eocd64)
+        record = fh.read(56)
+        if record[:4] != b"PK\x06\x06":
+            raise CheckpointError("zip64 end of central directory is corrupt")
+        count, cd_size, cd_offset = struct.unpack_from("<QQQ", record, 32)
+    if cd_offset + cd_size > size:
+        raise CheckpointError("zip central directory lies outside the file")
+    fh.seek(cd_offset)
+    directory = fh.read(cd_size)
+    out: dict[str, tuple[int, int, int]] = {}
+    pos = 0
+    for _ in range(count):
+        if directory[pos : pos + 4] != b"PK\x01\x02":
+            raise CheckpointError("zip central directory is corrupt")
+        (method,) = struct.unpack_from("<H", directory, pos + 10)
+        csize, _usize, n_name, n_extra, n_comment = struct.unpack_from(
+            "<IIHHH", directory, pos + 20
+        )
+        (offset,) = struct.unpack_from("<I", directory, pos + 42)
+        name = directory[pos + 46 : pos + 46 + n_name].decode("utf-8", "replace")
+        extra = directory[pos + 46 + n_name : pos + 46 + n_name + n_extra]
+        csize, offset = _zip64(extra, csize, _usize, offset)
+        out[name] = (offset, csize, method)
+        pos += 46 + n_name + n_extra + n_comment
+    return out
+
+
+def _zip64(extra: bytes, csize: int, usize: int, offset: int) -> tuple[int, int]:
+    pos = 0
+    while pos + 4 <= len(extra):
+        tag, length = struct.unpack_from("<HH", extra, pos)
+        if tag == 1:
+            fields = iter(struct.unpack_from(f"<{length // 8}Q", extra, pos + 4))
+            if usize == 0xFFFFFFFF:
+                usize = next(fields)
+            if csize == 0xFFFFFFFF:
+                csize = next(fields)
+            if offset == 0xFFFFFFFF:
+                offset = next(fields)
+        pos += 4 + length
+    return csize, offset
+
+
+def _data_start(fh: BinaryIO, offset: int) -> int:
+    fh.seek(offset)
+    head = fh.read(30)
+    if head[:4] != b"PK\x03\x04":
+        raise CheckpointError("zip local header is corrupt")
+    n_name, n_extra = struct.unpack_from("<HH", head, 26)
+    return int(offset + 30 + n_name + n_extra)
+
+
+def _walk(value: Any, prefix: str, out: dict[str, TensorRef]) -> None:
+    if isinstance(value, TensorRef):
+        out[prefix or "tensor"] = value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _walk(item, f"{prefix}.{key}" if prefix else str(key), out)
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _walk(item, f"{prefix}.{i}" if prefix else str(i), out)
+
+
+class TorchZipFormat(CheckpointFormat):
+    key = "torch"
+    head_size = 64
+    needs_seek = True
+
+    def sniff(self, head: bytes, path: str) -> bool:
+        if head.startswith(LEGACY_MAGIC):
+            return True  # to say how to convert it
+        if not head.startswith(b"PK\x03\x04") or len(head) < 30:
+            return False
+        n_name = struct.unpack_from("<H", head, 26)[0]
+        return head[30 : 30 + n_name].endswith(b"data.pkl")
+
+    def read_header(self, read: ReadExact) -> list[TensorSpan]:
+        raise CheckpointError("torch files are read from a seekable copy")
+
+    def read_spans(self, fh: BinaryIO, size: int) -> list[TensorSpan]:
+        try:
+            return self._spans(fh, size)
+        except (struct.error, IndexError, KeyError, StopIteration, OverflowError) as exc:
+            raise CheckpointError(f"torch archive is corrupt: {exc!r}") from None
+
+    def _spans(self, fh: BinaryIO, size: int) -> list[TensorSpan]:
+        fh.seek(0)
+        if fh.read(len(LEGACY_MAGIC)) == LEGACY_MAGIC:
+            raise CheckpointError(
+                "legacy (pre-1.6, non-zip) torch.save file: load it with torch and save it "
+                "again with torch.save(obj, path) to track it"
+            )
+        entries = _entries(fh, size)
+        pickles = [n for n in entries if n.endswith("/data.pkl") or n == "data.pkl"]
+        if len(pickles) != 1:
+            raise CheckpointError("torch archive has no data.pkl")
+        prefix = pickles[0][: -len("data.pkl")]
+        offset, length, method = entries[pickles[0]]
+        if method != 0:
+            raise CheckpointError("torch archive's data.pkl is compressed")
+        fh.seek(_data_start(fh, offset))
+        tensors: dict[str, TensorRef] = {}
+        _walk(load(fh.read(length)), "", tensors)
+        users: dict[str, list[tuple[str, TensorRef]]] = {}
+        storages: dict[str, StorageRef] = {}
+        for name in sorted(tensors):
+            ref = tensors[name]
+            storages[ref.storage.key] = ref.storage
+            users.setdefault(ref.storage.key, []).append((name, ref))
+        spans = []
+        for key, storage in storages.items():
+            record = f"{prefix}data/{key}"
+            if record not in entries:
+                raise CheckpointError(f"torch archive lacks the record for storage {key}")
+            offset, length, method = entries[record]
+            if method != 0:
+                raise CheckpointError(f"torch archive record {record} is compressed")
+            name, ref = users[key][0]
+            if storage.kind == "UntypedStorage":  # numel counts bytes; the tensor has the dtype
+                dtype = _FROM_TORCH.get(ref.dtype, f"torch.{ref.dtype}")
+                known = lookup(dtype)
+                itemsize = known.bits // 8 if known is not None and known.bits >= 8 else 1
+                numel = storage.numel // itemsize
+            else:
+                dtype, numel = _DTYPES[storage.kind], storage.numel
+                known = lookup(dtype)
+                if known is not None and known.nbytes((numel,)) != length:
+                    raise CheckpointError(f"torch storage {key} has the wrong size")
+            whole = len(users[key]) == 1 and ref.offset == 0 and _numel(ref.shape) == numel
+            shape = ref.shape if whole else (numel,)
+            if not whole:
+                name = f"{name} (storage {key})"
+            start = _data_start(fh, offset)
+            spans.append(TensorSpan(name, dtype, shape, start, start + length))
+        return spans
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    out = 1
+    for d in shape:
+        out *= d
+    return out
