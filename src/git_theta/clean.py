@@ -134,10 +134,13 @@ def clean(
 
 
 def _copy(source: Source, dest: IO[bytes]) -> int:
+    """Copy the rest of ``source`` into ``dest`` through one reused buffer."""
+    buf = bytearray(4 << 20)
+    view = memoryview(buf)
     total = 0
-    while chunk := source.read(_STEP):
-        dest.write(chunk)
-        total += len(chunk)
+    while got := source.readinto(view):
+        dest.write(view[:got])
+        total += got
     return total
 
 
