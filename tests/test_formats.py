@@ -162,3 +162,21 @@ def test_builtin_update_types_pass_the_conformance_kit() -> None:
     pairs = [(prev.tobytes(), nudged.tobytes()), (prev.tobytes(), sparse.tobytes())]
     for key in ("dense", "sparse", "delta", "auto"):
         check_update_type(UPDATES.get(key), pairs, "F32")
+
+
+@pytest.mark.parametrize("save", [np.savez, np.savez_compressed])
+def test_npz_round_trip(tracked: Path, save: object) -> None:
+    assert main(["track", "*.npz"]) == 0
+    arrays = {
+        "w": np.arange(600, dtype=np.float32).reshape(20, 30) / 3,
+        "b": np.ones(7, dtype=np.float16),
+        "flags": np.array([True, False]),
+    }
+    save(tracked / "a.npz", **arrays)  # type: ignore[operator]
+    assert round_trip(tracked, "a.npz") == "npz"
+    with np.load(tracked / "a.npz") as loaded:
+        for key, value in arrays.items():
+            assert np.array_equal(loaded[key], value)
+    manifest = json.loads(git(tracked, "show", "HEAD:a.npz").stdout)
+    expected = {"w", "b", "flags"} if save is np.savez else set()  # compressed: all glue
+    assert set(manifest["tensors"]) == expected

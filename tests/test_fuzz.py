@@ -25,6 +25,9 @@ def samples() -> dict[str, bytes]:
     buf = io.BytesIO()
     np.save(buf, np.arange(20, dtype=np.float32))
     out["npy"] = buf.getvalue()
+    buf = io.BytesIO()
+    np.savez(buf, a=np.arange(10, dtype=np.float32), b=np.ones(3, dtype=np.int64))
+    out["npz"] = buf.getvalue()
     gguf = pytest.importorskip("gguf")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "m.gguf"

@@ -6,13 +6,14 @@ from git_theta.errors import CheckpointError
 from git_theta.formats.base import CheckpointFormat
 from git_theta.formats.gguf import GgufFormat
 from git_theta.formats.numpy_npy import NpyFormat
+from git_theta.formats.numpy_npz import NpzFormat
 from git_theta.formats.safetensors import SafetensorsFormat
 from git_theta.formats.torch_zip import TorchZipFormat
 from git_theta.registry import Registry
 
 FORMATS: Registry[CheckpointFormat] = Registry("git_theta.plugins.checkpoints", "checkpoint format")
 # Built-ins are registered directly so the filter does not pay for an entry-point scan.
-for _format in (SafetensorsFormat(), NpyFormat(), GgufFormat(), TorchZipFormat()):
+for _format in (SafetensorsFormat(), NpyFormat(), NpzFormat(), GgufFormat(), TorchZipFormat()):
     FORMATS.register(_format.key, _format)
 
 
