@@ -111,3 +111,15 @@ def test_minilm_as_pytorch_bin_round_trips(tracked: Path) -> None:
     (tracked / "pytorch_model.bin").unlink()
     git(tracked, "checkout", "--", "pytorch_model.bin")
     assert sha256(tracked / "pytorch_model.bin") == sha
+
+
+def test_git_diff_and_show_on_torch_files(tracked: Path) -> None:
+    torch.save({"w": torch.ones(3)}, tracked / "m.pt")
+    git(tracked, "add", "m.pt")
+    git(tracked, "commit", "-q", "-m", "ones")
+    torch.save({"w": torch.zeros(3)}, tracked / "m.pt")
+    worktree = git(tracked, "diff").stdout.decode()  # the work-tree side is a zip: seekable path
+    assert "M w  F32 [3]  file  3/3 changed (100.00%)  L2 1.732  max 1  rel 1" in worktree
+    git(tracked, "commit", "-q", "-am", "zeros")
+    shown = git(tracked, "show", "HEAD").stdout.decode()
+    assert "-w  F32 [3]  L2 1.73205  " in shown and "+w  F32 [3]  L2 0  " in shown

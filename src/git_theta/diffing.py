@@ -8,6 +8,7 @@ objects) or from a checkpoint file in the work tree (values come from the file).
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -16,7 +17,7 @@ import numpy as np
 from git_theta import chains
 from git_theta.content import content_hash
 from git_theta.dtypes import lookup
-from git_theta.errors import ThetaError
+from git_theta.errors import CheckpointError, ThetaError
 from git_theta.formats import detect
 from git_theta.manifest import Link, Manifest, TensorEntry
 from git_theta.store import ObjectStore
@@ -84,20 +85,26 @@ def from_manifest(manifest: Manifest | None, store: ObjectStore) -> dict[str, Te
     return out
 
 
-def from_file(path: str) -> dict[str, TensorSide]:
-    """Describe every tensor of a checkpoint file on disk (hashing, not storing)."""
+def from_file(
+    path: str, visit: Callable[[str, str, bytes], None] | None = None
+) -> dict[str, TensorSide]:
+    """Describe every tensor of a checkpoint file on disk (hashing, not storing).
+
+    Each tensor is read once; ``visit(name, dtype, data)`` sees its bytes while they are
+    in hand (textconv computes norms there instead of reading the file again).
+    """
+    size = os.path.getsize(path)
     with open(path, "rb") as fh:
-        head = fh.read(64)
-        fmt = detect(head, path)
+        fmt = detect(fh.read(64), path)
         fh.seek(0)
 
         def read(n: int) -> bytes:
             data = fh.read(n)
             if len(data) != n:
-                raise ThetaError(f"{path}: file is truncated")
+                raise CheckpointError("file is truncated")
             return data
 
-        spans = fmt.read_header(read)
+        spans = fmt.read_spans(fh, size) if fmt.needs_seek else fmt.read_header(read)
     out = {}
     for span in spans:
 
@@ -106,8 +113,11 @@ def from_file(path: str) -> dict[str, TensorSide]:
                 fh.seek(start)
                 return fh.read(end - start)
 
+        data = load()
+        if visit is not None:
+            visit(span.name, span.dtype, data)
         out[span.name] = TensorSide(
-            span.dtype, span.shape, content_hash(load()), "file", frozenset(), load
+            span.dtype, span.shape, content_hash(data), "file", frozenset(), load
         )
     return out
 

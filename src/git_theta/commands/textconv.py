@@ -12,22 +12,34 @@ import sys
 import numpy as np
 
 from git_theta.commands.diff import file_side
+from git_theta.diffing import from_file
+from git_theta.manifest import is_manifest
 from git_theta.repo import Repo
 from git_theta.values import as_float64
 
 
+def _l2(data: bytes | bytearray, dtype: str) -> str:
+    values = as_float64(data, dtype)
+    if values is None:
+        return ""
+    finite = values[np.isfinite(values)]
+    return f"  L2 {float(np.sqrt(np.dot(finite, finite))):.6g}"
+
+
 def textconv(path: str) -> int:
-    sides = file_side(path, Repo().store)
+    norms: dict[str, str] = {}
+    with open(path, "rb") as fh:
+        placeholder = is_manifest(fh.read(64))
+    if placeholder:  # a manifest left by a skipped smudge: values come from objects
+        sides = file_side(path, Repo().store)
+        for name, side in sides.items():
+            norms[name] = _l2(side.load(), side.dtype) if side.load is not None else ""
+    else:  # one read per tensor: hashed and measured together
+        sides = from_file(path, lambda name, dtype, data: norms.__setitem__(name, _l2(data, dtype)))
     out = [f"{len(sides)} tensors"]
     for name in sorted(sides):
         side = sides[name]
-        norm = ""
-        if side.load is not None:
-            values = as_float64(side.load(), side.dtype)
-            if values is not None:
-                finite = values[np.isfinite(values)]
-                norm = f"  L2 {float(np.sqrt(np.dot(finite, finite))):.6g}"
         shape = ", ".join(map(str, side.shape))
-        out.append(f"{name}  {side.dtype} [{shape}]{norm}  {side.hash[:12]}")
+        out.append(f"{name}  {side.dtype} [{shape}]{norms.get(name, '')}  {side.hash[:12]}")
     sys.stdout.write("\n".join(out) + "\n")
     return 0
