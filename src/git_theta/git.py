@@ -118,25 +118,6 @@ def new_blobs(
     return blobs
 
 
-def read_blobs(oids: list[str], cwd: str | None = None) -> dict[str, bytes]:
-    """Return the content of each blob, read through one ``git cat-file --batch``."""
-    if not oids:
-        return {}
-    out = git("cat-file", "--batch", cwd=cwd, stdin="".join(f"{o}\n" for o in oids).encode())
-    blobs: dict[str, bytes] = {}
-    pos = 0
-    while pos < len(out):
-        end = out.index(b"\n", pos)
-        header = out[pos:end].split()
-        pos = end + 1
-        if len(header) == 2 and header[1] == b"missing":
-            continue
-        size = int(header[2])
-        blobs[header[0].decode()] = out[pos : pos + size]
-        pos += size + 1
-    return blobs
-
-
 def remote_tracking_refs(remote: str, cwd: str | None = None) -> list[str]:
     """Return the remote-tracking refs of ``remote`` (what we know the remote has)."""
     out = git("for-each-ref", "--format=%(refname)", f"refs/remotes/{remote}/", cwd=cwd)

@@ -14,7 +14,7 @@ from git_theta import git
 from git_theta.diffing import FileDiff, TensorDiff, TensorSide, compare, from_file, from_manifest
 from git_theta.errors import UsageError
 from git_theta.history import manifests_at, manifests_in_index
-from git_theta.manifest import Manifest, is_manifest, parse
+from git_theta.manifest import PREFIX, Manifest, is_manifest, parse
 from git_theta.proc import run
 from git_theta.repo import Repo
 from git_theta.store import ObjectStore
@@ -226,8 +226,8 @@ def _driver_side(file: str, hexid: str, store: ObjectStore) -> dict[str, TensorS
     if file == "/dev/null":
         return {}
     if hexid not in NULL_HEX:
-        blob = git.read_blobs([hexid]).get(hexid)
-        if blob is not None and is_manifest(blob):
+        blob = git.blobs_starting_with([hexid], PREFIX).get(hexid)
+        if blob is not None:
             return from_manifest(parse(blob), store)
     return file_side(file, store)
 

@@ -8,7 +8,7 @@ import sys
 from git_theta import git
 from git_theta.errors import ThetaError
 from git_theta.history import manifests_at, manifests_in_index
-from git_theta.manifest import parse
+from git_theta.manifest import PREFIX, parse
 
 
 def ls_files(rev: str | None) -> int:
@@ -29,9 +29,11 @@ def show(spec: str) -> int:
         spec = f"HEAD:{spec}"
     rev, _, path = spec.partition(":")
     oid = git.git("rev-parse", "--verify", "-q", f"{rev}:{path}", check=False).decode().strip()
-    blob = git.read_blobs([oid]).get(oid) if oid else None
-    if blob is None:
+    if not oid:
         raise ThetaError(f"{spec}: no such file in git")
+    blob = git.blobs_starting_with([oid], PREFIX).get(oid)
+    if blob is None:
+        raise ThetaError(f"{spec}: not a git-theta checkpoint")
     m = parse(blob)
     sys.stdout.write(f"{path} at {rev or 'the index'}: {m.format}, {m.size:,} bytes\n")
     for name in sorted(m.tensors):
