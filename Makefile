@@ -7,7 +7,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml plugins/git-theta-rawf32/pyproject.toml
+$(VENV)/.installed: pyproject.toml setup.py src/git_theta/_planes.c plugins/git-theta-rawf32/pyproject.toml
 	bash scripts/ensure-git-lfs.sh
 	python3 -m venv $(VENV)
 	$(PIP) install --upgrade pip

@@ -108,3 +108,59 @@ def test_malformed_objects_are_refused(mangle: object, message: str) -> None:
     obj = encode(raw, layout_for("F32"))
     with pytest.raises(ObjectCorruptError, match=message):
         codec.decode(mangle(obj))  # type: ignore[operator]
+
+
+def test_the_c_kernel_was_built() -> None:
+    # The NumPy fallback is correct but several times slower; the project's own install
+    # (make setup, CI) must have built the kernel, or the benchmarks measure the wrong code.
+    assert codec._native is not None
+
+
+@settings(max_examples=80, deadline=None)
+@given(word=st.sampled_from([2, 4, 8]), rotate=st.booleans(), data=st.data())
+def test_c_kernel_and_numpy_give_the_same_planes(
+    word: int, rotate: bool, data: st.DataObject
+) -> None:
+    assert codec._native is not None
+    n = data.draw(st.integers(0, 200))
+    raw = data.draw(st.binary(min_size=n * word, max_size=n * word))
+    layout = codec.Layout(word, rotate)
+    planes = codec._native.split(raw, word, rotate)
+    assert planes == codec._split_numpy(memoryview(raw), layout)
+    joined, joined_np = bytearray(len(raw)), bytearray(len(raw))
+    codec._native.join(joined, planes, word, rotate)
+    codec._join_numpy(memoryview(joined_np), planes, layout)
+    assert joined == joined_np == raw
+    step = data.draw(st.integers(1, 7))
+    expected = np.bincount(np.frombuffer(raw, np.uint8)[::step], minlength=256).tolist()
+    assert codec._native.histogram(raw, step) == expected
+
+
+def test_objects_are_the_same_with_and_without_the_c_kernel(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rng = np.random.default_rng(7)
+    values = {
+        "F32": (rng.standard_normal(300_000) * 0.02).astype(np.float32).tobytes(),
+        "F64": rng.standard_normal(70_000).tobytes(),
+        "F16": rng.standard_normal(90_000).astype(np.float16).tobytes(),
+        "I64": rng.integers(-5, 5, 40_000).tobytes(),
+    }
+    monkeypatch.setattr(codec, "CHUNK_WORDS", 50_000)
+    native = {dtype: encode(raw, layout_for(dtype)) for dtype, raw in values.items()}
+    monkeypatch.setattr(codec, "_native", None)
+    for dtype, raw in values.items():
+        assert encode(raw, layout_for(dtype)) == native[dtype]
+        assert bytes(codec.decode(native[dtype])) == raw
+
+
+def test_c_kernel_rejects_bad_arguments() -> None:
+    assert codec._native is not None
+    with pytest.raises(ValueError, match="word must be 2, 4 or 8, not 3"):
+        codec._native.split(b"abcdef", 3, False)
+    with pytest.raises(ValueError, match="not a multiple of the word"):
+        codec._native.split(b"abc", 2, False)
+    with pytest.raises(ValueError, match="plane length does not match"):
+        codec._native.join(bytearray(4), [b"a", b"bc"], 2, False)
+    with pytest.raises(ValueError, match="one plane per byte"):
+        codec._native.join(bytearray(4), [b"ab"], 2, False)

@@ -18,19 +18,26 @@ local; each plane of each chunk picks its own method, so odd data cannot blow up
 
 from __future__ import annotations
 
+import math
 import struct
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from types import ModuleType
 from typing import cast
 
-import numpy as np
 import zstandard
 from zlib_ng import zlib_ng as zlib  # bundled zlib-ng: faster Huffman, same output everywhere
 
 from git_theta.errors import ObjectCorruptError
 from git_theta.parallel import pipelined
+
+_native: ModuleType | None
+try:  # the C kernel (setup.py); NumPy gives the same bytes where it could not be built
+    from git_theta import _planes as _native
+except ImportError:  # pragma: no cover - depends on the install
+    _native = None
 
 MAGIC = b"GTHO"
 VERSION = 1
@@ -62,20 +69,24 @@ def _zstd_d() -> zstandard.ZstdDecompressor:
     return dec
 
 
-def _entropy_bits(plane: np.ndarray) -> float:
+def _entropy_bits(plane: bytes | memoryview) -> float:
     """Order-0 entropy (bits per byte) of an evenly spaced sample of ``plane``."""
-    step = max(1, plane.size // _SAMPLE)
-    counts = np.bincount(plane[::step], minlength=256)
-    p = counts[counts > 0] / counts.sum()
-    return float(-(p * np.log2(p)).sum())
+    step = max(1, len(plane) // _SAMPLE)
+    if _native is not None:
+        counts: list[int] = _native.histogram(plane, step)
+    else:
+        import numpy as np
+
+        counts = np.bincount(np.frombuffer(plane, np.uint8)[::step], minlength=256).tolist()
+    total = sum(counts)
+    return -math.fsum(c / total * math.log2(c / total) for c in counts if c)
 
 
-def _pack_plane(plane: np.ndarray, level: int) -> tuple[int, bytes]:
+def _pack_plane(raw: bytes | memoryview, level: int) -> tuple[int, bytes | memoryview]:
     """Return (method, payload) for one plane: the compact choice, never larger than raw."""
-    raw = plane.tobytes()
     if len(raw) < 64:
         return RAW, raw
-    bits = _entropy_bits(plane)
+    bits = _entropy_bits(raw)
     if 1.0 <= bits < 6.0:
         # Skewed but not repetitive (exponents): entropy coding without LZ matching wins.
         comp = zlib.compressobj(1, zlib.DEFLATED, -15, 9, zlib.Z_HUFFMAN_ONLY)
@@ -110,38 +121,54 @@ class Layout:
     rotate: bool = False
 
 
-def _rotl1(words: np.ndarray) -> np.ndarray:
-    """Rotate each word left by one bit: the sign bit moves below the mantissa."""
-    out: np.ndarray = words << np.array(1, dtype=words.dtype)
-    out |= words >> np.array(words.itemsize * 8 - 1, dtype=words.dtype)
-    return out
+def _split_numpy(chunk: memoryview, layout: Layout) -> list[bytes]:
+    """NumPy version of ``_planes.split`` (same bytes, several passes)."""
+    import numpy as np
 
-
-def _planes(chunk: memoryview, layout: Layout) -> list[np.ndarray]:
-    """Return byte k of every word as plane k, most significant byte first."""
     words = np.frombuffer(chunk, dtype=_UINT[layout.word])
     if layout.rotate:
-        words = _rotl1(words)
+        rotated: np.ndarray = words << np.array(1, dtype=words.dtype)
+        rotated |= words >> np.array(layout.word * 8 - 1, dtype=words.dtype)
+        words = rotated
     grid = words.view(np.uint8).reshape(-1, layout.word)
     # Column copies are several times faster than a full transpose in numpy.
-    return [grid[:, k].copy() for k in range(layout.word - 1, -1, -1)]
+    return [grid[:, k].tobytes() for k in range(layout.word - 1, -1, -1)]
 
 
-def _join_into(out: np.ndarray, planes: list[bytes | memoryview], layout: Layout) -> None:
-    """Inverse of ``_planes``: interleave ``planes`` into the uint8 array ``out``."""
-    grid = out.reshape(-1, layout.word)
+def _join_numpy(out: memoryview, planes: Sequence[bytes | memoryview], layout: Layout) -> None:
+    """NumPy version of ``_planes.join``: interleave ``planes`` into ``out``."""
+    import numpy as np
+
+    flat = np.frombuffer(out, dtype=np.uint8)
+    grid = flat.reshape(-1, layout.word)
     for k, plane in zip(range(layout.word - 1, -1, -1), planes, strict=True):
         grid[:, k] = np.frombuffer(plane, dtype=np.uint8)
     if layout.rotate:
-        words = out.view(_UINT[layout.word])
+        words = flat.view(_UINT[layout.word])
         low = words << np.array(layout.word * 8 - 1, dtype=words.dtype)
         words >>= np.array(1, dtype=words.dtype)
         words |= low
 
 
+def _split(chunk: memoryview, layout: Layout) -> list[bytes]:
+    """Return byte k of every word as plane k, most significant byte first."""
+    if _native is not None:
+        planes: list[bytes] = _native.split(chunk, layout.word, layout.rotate)
+        return planes
+    return _split_numpy(chunk, layout)
+
+
+def _join_into(out: memoryview, planes: Sequence[bytes | memoryview], layout: Layout) -> None:
+    """Inverse of ``_split``: interleave ``planes`` into ``out``."""
+    if _native is not None:
+        _native.join(out, planes, layout.word, layout.rotate)
+    else:
+        _join_numpy(out, planes, layout)
+
+
 def _encode_chunk(chunk: memoryview, layout: Layout, level: int) -> bytes:
-    rows = [np.frombuffer(chunk, dtype=np.uint8)] if layout.word == 1 else _planes(chunk, layout)
-    parts = []
+    rows = [chunk] if layout.word == 1 else _split(chunk, layout)
+    parts: list[bytes | memoryview] = []
     for row in rows:
         method, payload = _pack_plane(row, level)
         parts.append(_PLANE.pack(method, len(payload)))
@@ -179,7 +206,7 @@ def encode(
     return list(encode_stream(data, layout, level, pool))
 
 
-def _decode_chunk(view: memoryview, pos: int, out: np.ndarray, layout: Layout) -> None:
+def _decode_chunk(view: memoryview, pos: int, out: memoryview, layout: Layout) -> None:
     """Decode the chunk whose planes start at ``view[pos]`` into ``out``."""
     word = layout.word
     rows = []
@@ -188,10 +215,10 @@ def _decode_chunk(view: memoryview, pos: int, out: np.ndarray, layout: Layout) -
         pos += _PLANE.size
         if pos + n > len(view):
             raise ObjectCorruptError("content object is truncated")
-        rows.append(_unpack_plane(method, view[pos : pos + n], out.size // word))
+        rows.append(_unpack_plane(method, view[pos : pos + n], len(out) // word))
         pos += n
     if word == 1:
-        out[:] = np.frombuffer(rows[0], dtype=np.uint8)
+        out[:] = rows[0]
     else:
         _join_into(out, rows, layout)
 
@@ -240,7 +267,7 @@ def decode_stream(
         blob, size = job
         out = bytearray(size)
         try:
-            _decode_chunk(memoryview(blob), 0, np.frombuffer(out, dtype=np.uint8), layout)
+            _decode_chunk(memoryview(blob), 0, memoryview(out), layout)
         except (_ZLIB_ERROR, zstandard.ZstdError, struct.error) as exc:
             raise ObjectCorruptError(f"content object is corrupt: {exc}") from exc
         return out
@@ -259,7 +286,7 @@ def decode(obj: bytes | memoryview, pool: Executor | None = None) -> bytearray:
     layout, length, chunk_words = _parse_head(view)
     word = layout.word
     out = bytearray(length)
-    flat = np.frombuffer(out, dtype=np.uint8)
+    flat = memoryview(out)
     chunk_bytes = chunk_words * word
     # Find every chunk's start first (lengths only), then decode them, in parallel if asked.
     jobs = []

@@ -6,6 +6,7 @@ registered under is the key the manifest records.
 
 from __future__ import annotations
 
+import importlib
 from typing import Generic, TypeVar
 
 from git_theta.errors import ThetaError, UnknownPluginError
@@ -20,13 +21,24 @@ class Registry(Generic[T]):
         self.group = group
         self.kind = kind
         self._plugins: dict[str, T] = {}
+        self._lazy: dict[str, str] = {}
         self._scanned = False
 
     def register(self, key: str, plugin: T) -> None:
         """Add ``plugin`` under ``key``. Raises ThetaError if the key is taken."""
-        if key in self._plugins:
+        if key in self._plugins or key in self._lazy:
             raise ThetaError(f"{self.kind} {key!r} is already registered")
         self._plugins[key] = plugin
+
+    def register_lazy(self, key: str, where: str) -> None:
+        """Add the plugin class at ``where`` ("module:Class"), imported on first use."""
+        if key in self._plugins or key in self._lazy:
+            raise ThetaError(f"{self.kind} {key!r} is already registered")
+        self._lazy[key] = where
+
+    def _load(self, key: str) -> None:
+        module, _, name = self._lazy.pop(key).partition(":")
+        self._plugins[key] = getattr(importlib.import_module(module), name)()
 
     def _scan(self) -> None:
         if self._scanned:
@@ -35,21 +47,25 @@ class Registry(Generic[T]):
         from importlib.metadata import entry_points  # slow import: only when needed
 
         for ep in entry_points(group=self.group):
-            if ep.name not in self._plugins:
+            if ep.name not in self._plugins and ep.name not in self._lazy:
                 self._plugins[ep.name] = ep.load()()
 
     def get(self, key: str) -> T:
         """Return the plugin for ``key``. Raises UnknownPluginError listing what exists."""
+        if key in self._lazy:
+            self._load(key)
         if key not in self._plugins:
             self._scan()
         try:
             return self._plugins[key]
         except KeyError:
-            known = ", ".join(sorted(self._plugins)) or "none"
+            known = ", ".join(sorted({*self._plugins, *self._lazy})) or "none"
             raise UnknownPluginError(f"unknown {self.kind} {key!r} (available: {known})") from None
 
     def all(self, scan: bool = True) -> dict[str, T]:
         """Return every registered plugin by key (built-ins only when ``scan`` is false)."""
+        for key in list(self._lazy):
+            self._load(key)
         if scan:
             self._scan()
         return dict(self._plugins)

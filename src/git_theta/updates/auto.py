@@ -4,13 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
-
 from git_theta.updates.base import CLEAR_WIN, Buffer, UpdateType
-from git_theta.updates.delta import Delta
 from git_theta.updates.dense import Dense
 from git_theta.updates.layout import itemsize
-from git_theta.updates.sparse import Sparse, _elements
 
 SPARSE_MAX = 0.5  # above this fraction of changed elements sparse cannot win
 DELTA_MIN = 0.01  # below it sparse always beats delta (measured on MiniLM), so skip it
@@ -36,6 +32,13 @@ class Auto(UpdateType):
     ) -> tuple[str, list[bytes] | None]:
         if prev is None or len(prev) != len(new):
             return "dense", dense()
+        # Imported here: auto is the default, and an add of a new file must not pay for
+        # NumPy's start-up (see updates/__init__.py).
+        import numpy as np
+
+        from git_theta.updates.delta import Delta
+        from git_theta.updates.sparse import Sparse, _elements
+
         size = itemsize(dtype)
         changed = np.count_nonzero(_elements(prev, size) != _elements(new, size))
         count = max(1, len(new) // size)
