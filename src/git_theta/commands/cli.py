@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from git_theta import __version__
 from git_theta.commands.errors import report
 
+if TYPE_CHECKING:
+    import argparse
+
 
 def _parser() -> argparse.ArgumentParser:
+    import argparse  # not for filter-process (see main)
+
     parser = argparse.ArgumentParser(
         prog="git theta", description="Version ML model checkpoints in git, tensor by tensor."
     )
@@ -91,6 +96,15 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command and return its exit code."""
+    if (sys.argv[1:] if argv is None else argv) == ["filter-process"]:
+        # git starts this for every command that touches a checkpoint; argparse alone
+        # costs 15 ms of that start-up.
+        try:
+            from git_theta.commands.filter import filter_process
+
+            return filter_process()
+        except Exception as exc:
+            return report(exc)
     args = _parser().parse_args(argv)
     try:
         if args.command == "install":

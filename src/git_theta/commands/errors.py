@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
-import traceback
 
 from git_theta.errors import ThetaError
 
 
 def log_path() -> str:
+    import tempfile  # only on the error path: start-up time counts on every git command
+
     return os.path.join(tempfile.gettempdir(), f"git-theta-{os.getuid()}.log")
 
 
@@ -20,6 +20,8 @@ def report(exc: BaseException, path: str = "") -> int:
     if isinstance(exc, ThetaError):
         sys.stderr.write(f"git-theta: error: {where}{exc}\n")
         return exc.exit_code
+    import traceback
+
     with open(log_path(), "a") as fh:
         traceback.print_exception(exc, file=fh)
     sys.stderr.write(

@@ -7,24 +7,30 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
-from git_theta.clean import clean
 from git_theta.commands.errors import report
 from git_theta.errors import ThetaError
 from git_theta.hooks import HooksElsewhereError, install_hooks
 from git_theta.protocol.filter_process import Handler, Sink, Source, serve
 from git_theta.repo import Repo
 from git_theta.settings import env_flag
-from git_theta.smudge import smudge
-from git_theta.update_rules import load_policy
-from git_theta.updates.base import UpdateType
+
+if TYPE_CHECKING:
+    from git_theta.updates.base import UpdateType
+
+# Imported by a helper thread while git and our git calls are busy, not before the
+# handshake: start-up is a fixed cost of every git command that touches a checkpoint.
+_WARM = ("git_theta.codec", "git_theta.smudge", "git_theta.clean")
 
 
 def _handlers(repo: Repo) -> dict[str, Handler]:
     policies: list[Callable[[str], UpdateType]] = []
 
     def do_clean(source: Source, sink: Sink, path: str) -> None:
+        from git_theta.clean import clean
+        from git_theta.update_rules import load_policy
+
         if not policies:  # read once per process, and only when something is added
             policies.append(load_policy(Path.cwd()))
         previous = repo.staged_manifest(path)
@@ -36,6 +42,8 @@ def _handlers(repo: Repo) -> dict[str, Handler]:
         if skip:  # leave the manifest in the work tree; `git theta checkout` fills it later
             sink.write(source.read())
         else:
+            from git_theta.smudge import smudge
+
             smudge(source, sink, path, repo.store, fetch=repo.downloader.fetch)
 
     return {"clean": do_clean, "smudge": do_smudge}
@@ -47,18 +55,25 @@ def filter_process() -> int:
     def on_error(exc: BaseException, path: str) -> None:
         report(exc, path)
 
-    # Import the codec (numpy & co, ~0.15 s) while git starts streaming the first file.
-    threading.Thread(target=importlib.import_module, args=("git_theta.codec",), daemon=True).start()
     repo = Repo()
-    try:
-        install_hooks()  # a fresh clone gets its pre-push hook on its first checkout
-    except HooksElsewhereError:
-        pass  # said by `git theta install`/`track`; not on every git command
-    except ThetaError as exc:
-        report(exc)
+
+    def prepare() -> None:
+        try:
+            install_hooks()  # a fresh clone gets its pre-push hook on its first checkout
+        except HooksElsewhereError:
+            pass  # said by `git theta install`/`track`; not on every git command
+        except ThetaError as exc:
+            report(exc)
+        repo.store  # noqa: B018 - resolves the store's directory (two git calls) early
+        for module in _WARM:
+            importlib.import_module(module)
+
+    helper = threading.Thread(target=prepare, name="theta-prepare")
+    helper.start()
     try:
         return serve(_handlers(repo), on_error)
     finally:
+        helper.join()
         repo.close()
 
 
