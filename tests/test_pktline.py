@@ -1,6 +1,9 @@
 from __future__ import annotations
 
 import io
+import os
+import random
+import tempfile
 
 import pytest
 
@@ -9,6 +12,7 @@ from git_theta.protocol.pktline import (
     PacketReader,
     PacketWriter,
     ProtocolError,
+    _writev_all,
     read_packet,
     read_text_list,
     write_text,
@@ -42,3 +46,57 @@ def test_bad_length_is_a_protocol_error() -> None:
         read_packet(io.BytesIO(b"zzzz"))
     with pytest.raises(EOFError):
         read_packet(io.BytesIO(b"0010abc"))
+
+
+def _write_through_file(chunks: list[bytes]) -> bytes:
+    """Write ``chunks`` with a PacketWriter on a real file descriptor (the writev path)."""
+    with tempfile.TemporaryFile() as fh:
+        stream = os.fdopen(os.dup(fh.fileno()), "wb")
+        stream.write(b"0012status=success\n")  # buffered bytes must go out first
+        writer = PacketWriter(stream)
+        for chunk in chunks:
+            writer.write(chunk)
+        writer.close()
+        stream.close()
+        fh.seek(0)
+        return fh.read()
+
+
+def test_writev_path_gives_the_same_packets_as_buffered_writes() -> None:
+    rng = random.Random(3)
+    data = rng.randbytes(3 * 1024 * 1024 + 12345)
+    sizes = [0, 1, MAX_PAYLOAD, 5 * MAX_PAYLOAD + 3, 2 * 1024 * 1024, 17, 400_000]
+    chunks, pos = [], 0
+    for size in sizes:
+        chunks.append(data[pos : pos + size])
+        pos += size
+    chunks.append(data[pos:])
+    through_fd = _write_through_file(chunks)
+    buf = io.BytesIO()
+    buf.write(b"0012status=success\n")
+    writer = PacketWriter(buf)
+    for chunk in chunks:
+        writer.write(chunk)
+    writer.close()
+    assert through_fd == buf.getvalue()
+    reader = PacketReader(io.BytesIO(through_fd[len(b"0012status=success\n") :]))
+    assert reader.read() == data
+
+
+def test_writev_all_resumes_after_partial_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = os.writev
+    calls = []
+
+    def short_writev(fd: int, buffers: list[bytes | memoryview]) -> int:
+        # A pipe may accept part of a write (a signal, a full pipe): take 1000 bytes at most.
+        joined = b"".join(bytes(b) for b in buffers)[:1000]
+        calls.append(len(joined))
+        return real(fd, [joined])
+
+    monkeypatch.setattr(os, "writev", short_writev)
+    parts = [b"a" * 700, memoryview(b"b" * 2500), b"", b"c" * 10]
+    with tempfile.TemporaryFile() as fh:
+        _writev_all(fh.fileno(), list(parts))
+        fh.seek(0)
+        assert fh.read() == b"a" * 700 + b"b" * 2500 + b"c" * 10
+    assert calls == [1000, 1000, 1000, 210]

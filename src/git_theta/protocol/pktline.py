@@ -2,10 +2,24 @@
 
 from __future__ import annotations
 
+import os
 from typing import IO
 
 MAX_PAYLOAD = 65516
 FLUSH = b"0000"
+_FULL_HEADER = b"%04x" % (MAX_PAYLOAD + 4)
+_IOV_BATCH = 32  # buffers per writev: 16 packets, ~1 MiB, the width of our pipes
+
+
+def _writev_all(fd: int, buffers: list[bytes | memoryview]) -> None:
+    """``os.writev`` until every byte of ``buffers`` is written (writes may be partial)."""
+    while buffers:
+        done = os.writev(fd, buffers)
+        while buffers and done >= len(buffers[0]):
+            done -= len(buffers[0])
+            buffers = buffers[1:]
+        if done:
+            buffers[0] = memoryview(buffers[0])[done:]
 
 
 class ProtocolError(Exception):
@@ -117,11 +131,19 @@ class PacketReader:
 
 
 class PacketWriter:
-    """Writes a byte stream as content packets; ``close`` ends it with a flush."""
+    """Writes a byte stream as content packets; ``close`` ends it with a flush.
+
+    On a real file descriptor, full packets go out with ``os.writev`` straight from the
+    caller's buffer: one system call per ~1 MiB instead of two per 64 KiB packet.
+    """
 
     def __init__(self, stream: IO[bytes]):
         self._stream = stream
         self._pending = bytearray()
+        try:
+            self._fd: int | None = stream.fileno()
+        except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both
+            self._fd = None
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
         view = memoryview(data).cast("B")
@@ -133,9 +155,10 @@ class PacketWriter:
             if len(self._pending) == MAX_PAYLOAD:
                 self._emit(self._pending)
                 self._pending = bytearray()
-        while len(view) >= MAX_PAYLOAD:
-            self._emit(view[:MAX_PAYLOAD])
-            view = view[MAX_PAYLOAD:]
+        full = len(view) - len(view) % MAX_PAYLOAD
+        if full:
+            self._emit_full(view[:full])
+            view = view[full:]
         if view:
             self._pending += view
         return total
@@ -143,6 +166,19 @@ class PacketWriter:
     def _emit(self, payload: bytes | bytearray | memoryview) -> None:
         self._stream.write(b"%04x" % (len(payload) + 4))
         self._stream.write(payload)
+
+    def _emit_full(self, view: memoryview) -> None:
+        """Write ``view`` (a whole number of full packets)."""
+        if self._fd is None:
+            for pos in range(0, len(view), MAX_PAYLOAD):
+                self._emit(view[pos : pos + MAX_PAYLOAD])
+            return
+        self._stream.flush()
+        buffers: list[bytes | memoryview] = []
+        for pos in range(0, len(view), MAX_PAYLOAD):
+            buffers += [_FULL_HEADER, view[pos : pos + MAX_PAYLOAD]]
+        for start in range(0, len(buffers), _IOV_BATCH):
+            _writev_all(self._fd, buffers[start : start + _IOV_BATCH])
 
     def close(self) -> None:
         if self._pending:
