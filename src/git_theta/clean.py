@@ -16,7 +16,7 @@ from git_theta import chains
 from git_theta.content import content_hash
 from git_theta.errors import CheckpointError, ThetaError
 from git_theta.formats import detect
-from git_theta.formats.base import TensorSpan
+from git_theta.formats.base import SNIFF_MAX, TensorSpan
 from git_theta.manifest import Glue, Link, Manifest, TensorEntry, is_manifest
 from git_theta.parallel import ordered_map
 from git_theta.progress import Progress
@@ -26,7 +26,7 @@ from git_theta.store import ObjectStore
 if TYPE_CHECKING:
     from git_theta.updates.base import UpdateType
 
-_PEEK = 64
+_PEEK = SNIFF_MAX
 _STEP = 64 << 20  # read large tensors in steps, so a lying header cannot over-allocate
 
 

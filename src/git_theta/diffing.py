@@ -19,6 +19,7 @@ from git_theta.content import content_hash
 from git_theta.dtypes import lookup
 from git_theta.errors import CheckpointError, ThetaError
 from git_theta.formats import detect
+from git_theta.formats.base import SNIFF_MAX
 from git_theta.manifest import Link, Manifest, TensorEntry
 from git_theta.store import ObjectStore
 from git_theta.values import as_float64, elements_changed
@@ -95,7 +96,7 @@ def from_file(
     """
     size = os.path.getsize(path)
     with open(path, "rb") as fh:
-        fmt = detect(fh.read(64), path)
+        fmt = detect(fh.read(SNIFF_MAX), path)
         fh.seek(0)
 
         def read(n: int) -> bytes:

@@ -54,3 +54,20 @@ DTYPES: dict[str, DType] = {d.name: d for d in _TABLE}
 def lookup(name: str) -> DType | None:
     """Return the DType called ``name``, or None for a type we do not know."""
     return DTYPES.get(name)
+
+
+# NumPy / ml_dtypes names (``dtype.name``) of the types above, for formats that record them.
+_NUMPY_NAMES = {
+    "bool": "BOOL", "uint8": "U8", "int8": "I8", "float8_e5m2": "F8_E5M2",
+    "float8_e4m3fn": "F8_E4M3", "float8_e4m3fnuz": "F8_E4M3FNUZ",
+    "float8_e5m2fnuz": "F8_E5M2FNUZ", "float8_e8m0fnu": "F8_E8M0", "int16": "I16",
+    "uint16": "U16", "float16": "F16", "bfloat16": "BF16", "int32": "I32", "uint32": "U32",
+    "float32": "F32", "int64": "I64", "uint64": "U64", "float64": "F64",
+    "complex64": "C64", "complex128": "C128",
+}  # fmt: skip
+
+
+def from_numpy_name(name: str) -> str:
+    """Return our name for NumPy dtype ``name``, or ``np:<name>`` for one we do not know
+    (its bytes are still kept exactly, as plain bytes)."""
+    return _NUMPY_NAMES.get(name, f"np:{name}")

@@ -4,26 +4,30 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Mapping
+from typing import BinaryIO
 
 from git_theta.errors import CommandError
 
 
 def run(
     *argv: str,
-    stdin: bytes | None = None,
+    stdin: bytes | BinaryIO | None = None,
     check: bool = True,
     cwd: str | None = None,
     env: Mapping[str, str] | None = None,
 ) -> subprocess.CompletedProcess[bytes]:
-    """Run ``argv`` (never through a shell) and return the finished process.
+    """Run ``argv`` (never through a shell) and return the finished process; ``stdin`` is
+    bytes to feed it or an open file it reads itself.
 
     Raises CommandError with the command, exit code and last stderr line when ``check``
     is set and the command fails, or FileNotFoundError's message when it is not installed.
     """
     try:
+        feed, fh = (stdin, None) if isinstance(stdin, bytes) or stdin is None else (None, stdin)
         done = subprocess.run(
             argv,
-            input=stdin,
+            input=feed,
+            stdin=fh,
             capture_output=True,
             cwd=cwd,
             env=None if env is None else dict(env),

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from git_theta.errors import CheckpointError
 from git_theta.formats.base import CheckpointFormat
+from git_theta.formats.flax_msgpack import FlaxMsgpackFormat
 from git_theta.formats.gguf import GgufFormat
+from git_theta.formats.hdf5 import Hdf5Format
 from git_theta.formats.numpy_npy import NpyFormat
 from git_theta.formats.numpy_npz import NpzFormat
 from git_theta.formats.safetensors import SafetensorsFormat
@@ -13,7 +15,10 @@ from git_theta.registry import Registry
 
 FORMATS: Registry[CheckpointFormat] = Registry("git_theta.plugins.checkpoints", "checkpoint format")
 # Built-ins are registered directly so the filter does not pay for an entry-point scan.
-for _format in (SafetensorsFormat(), NpyFormat(), NpzFormat(), GgufFormat(), TorchZipFormat()):
+for _format in (
+    SafetensorsFormat(), NpyFormat(), NpzFormat(), GgufFormat(), TorchZipFormat(),
+    FlaxMsgpackFormat(), Hdf5Format(),
+):  # fmt: skip
     FORMATS.register(_format.key, _format)
 
 

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO, ClassVar
 
+SNIFF_MAX = 4096  # the most bytes ``sniff`` is ever given (``head_size`` must not exceed it)
+
 # read(n) returns exactly n bytes of the file or raises CheckpointError (truncated).
 ReadExact = Callable[[int], bytes]
 
