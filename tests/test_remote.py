@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import git, lfs_objects, sha256
-from lfs_server import LfsServer
+from lfs_server import CuttingProxy, LfsServer
 from st_files import f32, st_from_arrays
 
 SHAPES = {"emb": (128, 32), "layer.weight": (32, 32), "layer.bias": (32,), "head": (32, 8)}
@@ -139,6 +139,46 @@ def test_stopped_server_fails_push_cleanly_and_retry_succeeds(
     fresh = tmp_path / "fresh"
     clone(url, fresh)
     assert sha256(fresh / "model.safetensors") == v2
+
+
+def test_server_dying_mid_upload_fails_push_and_retry_loses_nothing(
+    repo: Path, tmp_path: Path, server: LfsServer
+) -> None:
+    import hashlib
+
+    import numpy as np
+
+    proxy = CuttingProxy(server.port)
+    url = make_origin(tmp_path, repo, proxy.url("model"))
+    rng = np.random.default_rng(5)
+    shas = {}
+    for version in range(2):  # ~10 MB objects, so the cut lands inside an upload
+        big = rng.standard_normal((1024, 3072)).astype(np.float32)
+        (repo / "model.safetensors").write_bytes(st_from_arrays({"big": big}))
+        shas[commit(repo, f"v{version}")] = sha256(repo / "model.safetensors")
+
+    proxy.start(cut_after=3 << 20)
+    done = git(repo, "push", "origin", "main", check=False)
+    assert proxy.cut.is_set()  # the connection really was cut mid-transfer
+    assert done.returncode != 0
+    first = done.stderr.decode().splitlines()[0]
+    assert first.startswith(
+        "git-theta: error: uploading 3 content object(s) to 'origin' failed, so no ref was "
+        "pushed; push again once the server is reachable (git-lfs: "
+    )
+    assert git(repo, "ls-remote", url).stdout == b""  # no ref reached the remote
+    server.stop()  # the server process dies too; the retry meets a restarted one
+
+    server.start()
+    proxy.start()
+    git(repo, "push", "-q", "origin", "main")
+    for oid in server.objects():  # nothing half-written kept under an object's name
+        stored = next(server.storage.rglob(oid)).read_bytes()
+        assert hashlib.sha256(stored).hexdigest() == oid
+    fresh = tmp_path / "fresh"
+    clone(url, fresh)
+    check_every_commit(fresh, shas)
+    proxy.stop()
 
 
 def test_object_missing_on_remote_fails_checkout_naming_it(

@@ -36,6 +36,10 @@ class ObjectCorruptError(ThetaError, ValueError):
     """A content object's bytes do not match its oid or its recorded content hash."""
 
 
+class TransferError(ThetaError, OSError):
+    """Objects could not be moved to or from the Git LFS remote."""
+
+
 class UnknownPluginError(ThetaError, LookupError):
     """No plugin is registered under the requested key."""
 

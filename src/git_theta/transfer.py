@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import IO
 
 from git_theta import git
-from git_theta.errors import ThetaError
+from git_theta.errors import CommandError, ThetaError, TransferError
 from git_theta.proc import run, start
 from git_theta.protocol.pktline import (
     PacketReader,
@@ -38,11 +38,19 @@ def push(remote: str, refs: Iterable[ObjectRef], cwd: str | None = None) -> int:
     were asked for. Raises CommandError when git-lfs fails."""
     oids = sorted({ref.oid for ref in refs})
     if oids:
-        run(
-            "git", *git.NO_FILTER, "lfs", "push", "--object-id", remote, "--stdin",
-            stdin="".join(f"{oid}\n" for oid in oids).encode(),
-            cwd=cwd,
-        )  # fmt: skip
+        try:
+            run(
+                "git", *git.NO_FILTER, "lfs", "push", "--object-id", remote, "--stdin",
+                stdin="".join(f"{oid}\n" for oid in oids).encode(),
+                cwd=cwd,
+            )  # fmt: skip
+        except CommandError as exc:
+            lines = exc.stderr.decode(errors="replace").strip().splitlines()
+            raise TransferError(
+                f"uploading {len(oids)} content object(s) to {remote!r} failed, so no ref was "
+                f"pushed; push again once the server is reachable "
+                f"(git-lfs: {lines[-1] if lines else f'exit code {exc.returncode}'})"
+            ) from None
     return len(oids)
 
 
