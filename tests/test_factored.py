@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
 import numpy as np
+import pytest
 from conftest import git, sha256
 from st_files import st_bytes, st_from_arrays
 
@@ -131,3 +133,54 @@ def test_update_path_errors(repo: Path, tmp_path: Path) -> None:
     )
     done = run_add(repo, "--update-type", "low-rank", "--update-path", "missing.safetensors")
     assert done.stderr == "git-theta: error: --update-path missing.safetensors: no such file\n"
+
+
+def test_filter_repo_rewrite_of_sparse_low_rank_and_dense_history(
+    repo: Path, tmp_path: Path
+) -> None:
+    if shutil.which("git-filter-repo") is None:
+        pytest.skip("git-filter-repo is not installed")
+    values = dict(W)
+    (repo / "m.safetensors").write_bytes(st_from_arrays(values))
+    (repo / "secret.txt").write_text("to be removed from history\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "base")
+    shas = [sha256(repo / "m.safetensors")]
+
+    values["attn.q.weight"] = W["attn.q.weight"] + R @ C  # low-rank, from its factors
+    (repo / "m.safetensors").write_bytes(st_from_arrays(values))
+    factors = tmp_path / "lora.safetensors"
+    factors.write_bytes(st_from_arrays({"attn.q.weight/R": R, "attn.q.weight/C": C}))
+    assert run_add(repo, "--update-type", "low-rank", "--update-path", str(factors)).returncode == 0
+    git(repo, "commit", "-q", "-m", "lora")
+    shas.append(sha256(repo / "m.safetensors"))
+
+    values["attn.v.weight"] = W["attn.v.weight"].copy()
+    values["attn.v.weight"][::17, 2] = -0.0  # a few entries: auto stores it sparse
+    (repo / "m.safetensors").write_bytes(st_from_arrays(values))
+    git(repo, "add", "m.safetensors")
+    git(repo, "commit", "-q", "-m", "sparse")
+    assert chain_of(repo, "attn.v.weight") == ["dense", "sparse"]
+    shas.append(sha256(repo / "m.safetensors"))
+
+    values["attn.q.weight"] = (values["attn.q.weight"] * np.float32(3)).astype(np.float32)
+    (repo / "m.safetensors").write_bytes(st_from_arrays(values))
+    assert run_add(repo, "--update-type", "dense").returncode == 0
+    git(repo, "commit", "-q", "-m", "dense")
+    assert chain_of(repo, "attn.q.weight") == ["dense"]
+    shas.append(sha256(repo / "m.safetensors"))
+
+    done = subprocess.run(
+        ["git", "filter-repo", "--force", "--invert-paths", "--path", "secret.txt",
+         "--path-rename", "m.safetensors:models/m.safetensors"],
+        cwd=repo, capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert git(repo, "log", "--all", "--format=%H", "--", "secret.txt").stdout == b""
+    # Every rewritten commit keeps `*.safetensors filter=theta`, which matches the new path.
+    for back, sha in enumerate(reversed(shas)):
+        git(repo, "checkout", "-q", f"main~{back}")
+        (repo / "models" / "m.safetensors").unlink()
+        git(repo, "checkout", "--", "models/m.safetensors")
+        assert sha256(repo / "models" / "m.safetensors") == sha, back
+        assert git(repo, "status", "--porcelain").stdout == b""
