@@ -100,3 +100,23 @@ def test_writev_all_resumes_after_partial_writes(monkeypatch: pytest.MonkeyPatch
         fh.seek(0)
         assert fh.read() == b"a" * 700 + b"b" * 2500 + b"c" * 10
     assert calls == [1000, 1000, 1000, 210]
+
+
+def test_readinto_large_buffers_reads_payloads_in_place() -> None:
+    data = random.Random(5).randbytes(5 * MAX_PAYLOAD + 777)
+    buf = io.BytesIO()
+    writer = PacketWriter(buf)
+    writer.write(data)
+    writer.close()
+    stream = io.BytesIO(buf.getvalue())
+    reader = PacketReader(stream)
+    got = bytearray(reader.read(10))  # leaves part of a packet buffered
+    out = bytearray(2 * MAX_PAYLOAD + 5)  # room for whole packets: the in-place path
+    while n := reader.readinto(memoryview(out)):
+        got += out[:n]
+    assert got == data
+    assert stream.read() == b""  # the flush was consumed, nothing more
+
+    cut = io.BytesIO(buf.getvalue()[: 4 + MAX_PAYLOAD // 2])  # ends inside a payload
+    with pytest.raises(EOFError, match="ended early"):
+        PacketReader(cut).readinto(memoryview(bytearray(MAX_PAYLOAD)))

@@ -41,6 +41,22 @@ class _Reader:
     def read(self, n: int) -> bytearray:
         """Return exactly ``n`` bytes. Memory grows with the bytes that really arrive, so a
         header claiming a huge tensor fails as truncated instead of allocating it."""
+        if n <= _STEP:  # one allocation, filled in place
+            out = bytearray(n)
+            view = memoryview(out)
+            have = min(len(self._head), n)
+            view[:have] = self._head[:have]
+            self._head = self._head[have:]
+            while have < n:
+                got = self._source.readinto(view[have:])
+                if got == 0:
+                    raise CheckpointError(
+                        f"file is truncated at byte {self.offset + have} "
+                        f"(expected at least {self.offset + n} bytes)"
+                    )
+                have += got
+            self.offset += n
+            return out
         out = bytearray(self._head[:n])
         self._head = self._head[len(out) :]
         while len(out) < n:

@@ -97,12 +97,50 @@ class PacketReader:
         self._buf = memoryview(packet)
         return True
 
+    def _read_header(self) -> int:
+        """Read the next packet's length; return its payload size (0 at the flush)."""
+        head = self._stream.read(4)
+        if not head:
+            raise EOFError("pkt-line stream closed")
+        if len(head) != 4:
+            raise EOFError("pkt-line stream ended inside a length")
+        try:
+            size = int(head, 16)
+        except ValueError as exc:
+            raise ProtocolError(f"bad pkt-line length {head!r}") from exc
+        if size == 0:
+            return 0
+        if size < 4 or size - 4 > MAX_PAYLOAD:
+            raise ProtocolError(f"bad pkt-line length {size}")
+        return size - 4
+
     def readinto(self, out: memoryview) -> int:
-        """Fill ``out`` as far as the content allows; return the number of bytes written."""
+        """Fill ``out`` as far as the content allows; return the number of bytes written.
+
+        While ``out`` has room for a whole packet, payloads are read straight into it
+        (no intermediate bytes object: this is every byte of every file git adds).
+        """
         filled = 0
         while filled < len(out):
-            if not self._buf and not self._fill():
-                break
+            if not self._buf:
+                if self._done:
+                    break
+                if len(out) - filled >= MAX_PAYLOAD:
+                    size = self._read_header()
+                    if size == 0:
+                        self._done = True
+                        break
+                    target = out[filled : filled + size]
+                    got = 0
+                    while got < size:
+                        n = self._stream.readinto(target[got:])  # type: ignore[attr-defined]
+                        if not n:
+                            raise EOFError("pkt-line stream ended early")
+                        got += n
+                    filled += size
+                    continue
+                if not self._fill():
+                    break
             take = min(len(self._buf), len(out) - filled)
             out[filled : filled + take] = self._buf[:take]
             self._buf = self._buf[take:]
