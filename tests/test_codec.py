@@ -101,6 +101,8 @@ def test_incompressible_data_costs_only_headers() -> None:
         (lambda b: b[:4] + b"\x09" + b[5:], "newer than this git-theta"),
         (lambda b: b + b"\0", "trailing bytes"),
         (lambda b: b[:-5], "truncated"),
+        # A length that is not whole words (4-byte floats here) would misalign the planes.
+        (lambda b: b[:8] + (19_999).to_bytes(8, "little") + b[16:], "header is corrupt"),
     ],
 )
 def test_malformed_objects_are_refused(mangle: object, message: str) -> None:

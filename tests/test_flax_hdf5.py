@@ -243,3 +243,25 @@ def test_flax_and_hdf5_pass_the_conformance_kit(tmp_path: Path) -> None:
         f["a/b"] = np.arange(64, dtype=np.float32)
     h5 = (tmp_path / "s.h5").read_bytes()
     check_format(FORMATS.get("hdf5"), [h5], [h5[:200]])
+
+
+def test_modules_committed_in_the_work_tree_never_run(tracked: Path) -> None:
+    # git runs the filter in the work tree; the HDF5 reader's own process must not import
+    # a json.py or h5py.py that a cloned repository carries.
+    for name in ("json.py", "h5py.py"):
+        (tracked / name).write_text(
+            f"open({str(tracked / 'RAN')!r}, 'a').write({name!r})\nraise SystemExit(9)\n"
+        )
+    with h5py.File(tracked / "w.h5", "w") as f:
+        f["w"] = np.arange(10, dtype=np.float32)
+    manifest = commit_and_check_out(tracked, "w.h5")
+    assert list(manifest["tensors"]) == ["w"]  # type: ignore[call-overload]
+    assert not (tracked / "RAN").exists()
+
+
+def test_flax_lists_of_arrays_are_detected_and_named_by_index(tracked: Path) -> None:
+    layers = [np.full((4, 4), i, dtype=np.float32) for i in range(3)]
+    data = flax_serialization.msgpack_serialize({"layers": layers, "meta": {"n": 3}})
+    (tracked / "list.msgpack").write_bytes(data)
+    manifest = commit_and_check_out(tracked, "list.msgpack")
+    assert sorted(manifest["tensors"]) == ["layers/0", "layers/1", "layers/2"]  # type: ignore[arg-type]

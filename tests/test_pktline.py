@@ -94,7 +94,7 @@ def test_writev_all_resumes_after_partial_writes(monkeypatch: pytest.MonkeyPatch
         return real(fd, [joined])
 
     monkeypatch.setattr(os, "writev", short_writev)
-    parts = [b"a" * 700, memoryview(b"b" * 2500), b"", b"c" * 10]
+    parts: list[bytes | memoryview] = [b"a" * 700, memoryview(b"b" * 2500), b"", b"c" * 10]
     with tempfile.TemporaryFile() as fh:
         _writev_all(fh.fileno(), list(parts))
         fh.seek(0)
@@ -120,3 +120,16 @@ def test_readinto_large_buffers_reads_payloads_in_place() -> None:
     cut = io.BytesIO(buf.getvalue()[: 4 + MAX_PAYLOAD // 2])  # ends inside a payload
     with pytest.raises(EOFError, match="ended early"):
         PacketReader(cut).readinto(memoryview(bytearray(MAX_PAYLOAD)))
+
+
+def test_an_empty_data_packet_is_not_the_end_of_the_content() -> None:
+    # gitprotocol-common: "0004" is an empty packet, distinct from the flush "0000".
+    stream = io.BytesIO(b"0008abcd" + b"0004" + b"0008efgh" + b"0000" + b"0009next\n")
+    reader = PacketReader(stream)
+    out = bytearray(3 * MAX_PAYLOAD)
+    got = bytearray()
+    while n := reader.readinto(memoryview(out)):
+        got += out[:n]
+    assert got == b"abcdefgh"
+    assert stream.read() == b"0009next\n"
+    assert PacketReader(io.BytesIO(b"0004" + b"0006xy" + b"0000")).read() == b"xy"

@@ -365,3 +365,41 @@ def test_merge_commits_push_from_a_fresh_clone(repo: Path, tmp_path: Path) -> No
     third = tmp_path / "third"
     clone(url, third)
     assert sha256(third / "model.safetensors") == merged
+
+
+def test_unwritable_hooks_dir_is_one_line_and_checkout_still_works(repo: Path) -> None:
+    sha = write(repo, 1)
+    commit(repo, "v1")
+    hooks = repo / ".git" / "hooks"
+    shutil.rmtree(hooks)
+    hooks.write_text("not a directory\n")  # the filter cannot install its pre-push hook
+    (repo / "model.safetensors").unlink()
+    done = git(repo, "checkout", "--", "model.safetensors")
+    assert sha256(repo / "model.safetensors") == sha
+    lines = done.stderr.decode().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr.decode()
+    assert lines[0].startswith("git-theta: internal error: NotADirectoryError: ")
+
+
+def test_push_without_git_lfs_is_refused_in_one_line(
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = make_origin(tmp_path, repo)
+    write(repo, 1)
+    commit(repo, "v1")
+    # A PATH with git, the venv and the hook's shell tools, but no git-lfs.
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    for tool in ("git", "sh", "mktemp", "cat", "dirname", "rm"):
+        found = shutil.which(tool)
+        assert found is not None
+        (bare / tool).symlink_to(found)
+    venv_bin = Path(shutil.which("git-theta") or "").parent
+    monkeypatch.setenv("PATH", f"{bare}:{venv_bin}")
+    done = subprocess.run(["git", "push", "origin", "main"], cwd=repo, capture_output=True)
+    assert done.returncode != 0
+    assert done.stderr.decode().splitlines()[0] == (
+        "git-theta: error: git-lfs is not installed, so tensor objects cannot be uploaded "
+        "and no ref was pushed (apt-get install git-lfs, or see https://git-lfs.com)"
+    )
+    assert git(repo, "ls-remote", url).stdout == b""

@@ -39,8 +39,9 @@ class _Reader:
         self.offset = 0
 
     def read(self, n: int) -> bytearray:
-        """Return exactly ``n`` bytes. Memory grows with the bytes that really arrive, so a
-        header claiming a huge tensor fails as truncated instead of allocating it."""
+        """Return exactly ``n`` bytes. Up to 64 MB is allocated at once; beyond that memory
+        grows with the bytes that really arrive, so a header claiming a huge tensor fails
+        as truncated instead of allocating it."""
         if n <= _STEP:  # one allocation, filled in place
             out = bytearray(n)
             view = memoryview(out)

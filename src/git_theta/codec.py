@@ -129,7 +129,8 @@ def _split_numpy(chunk: memoryview, layout: Layout) -> list[bytes]:
     if layout.rotate:
         rotated: np.ndarray = words << np.array(1, dtype=words.dtype)
         rotated |= words >> np.array(layout.word * 8 - 1, dtype=words.dtype)
-        words = rotated
+        # Shifts give native byte order; the planes are defined on little-endian words.
+        words = rotated.astype(_UINT[layout.word], copy=False)
     grid = words.view(np.uint8).reshape(-1, layout.word)
     # Column copies are several times faster than a full transpose in numpy.
     return [grid[:, k].tobytes() for k in range(layout.word - 1, -1, -1)]
@@ -232,7 +233,7 @@ def _parse_head(head: bytes | memoryview) -> tuple[Layout, int, int]:
         raise ObjectCorruptError("not a git-theta content object")
     if version != VERSION:
         raise ObjectCorruptError(f"content object version {version} is newer than this git-theta")
-    if word not in _UINT or chunk_words <= 0:
+    if word not in _UINT or chunk_words <= 0 or length % word:
         raise ObjectCorruptError("content object header is corrupt")
     return Layout(word, bool(flags & 1)), length, chunk_words
 

@@ -67,8 +67,12 @@ def install_hooks(cwd: str | None = None) -> Path:
                 "then run `git theta install --local`"
             )
         os.replace(hook, chained)
-    tmp = hooks / "pre-push.theta-tmp"
-    tmp.write_text(SCRIPT)
-    tmp.chmod(0o755)
-    os.replace(tmp, hook)
+    # Unique per process: two filters (two git commands) may refresh the hook at once.
+    tmp = hooks / f"pre-push.theta-tmp-{os.getpid()}"
+    try:
+        tmp.write_text(SCRIPT)
+        tmp.chmod(0o755)
+        os.replace(tmp, hook)
+    finally:
+        tmp.unlink(missing_ok=True)
     return hook

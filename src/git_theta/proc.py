@@ -15,9 +15,11 @@ def run(
     check: bool = True,
     cwd: str | None = None,
     env: Mapping[str, str] | None = None,
+    timeout: float | None = None,
 ) -> subprocess.CompletedProcess[bytes]:
     """Run ``argv`` (never through a shell) and return the finished process; ``stdin`` is
-    bytes to feed it or an open file it reads itself.
+    bytes to feed it or an open file it reads itself. Past ``timeout`` seconds the
+    process is killed and subprocess.TimeoutExpired raised.
 
     Raises CommandError with the command, exit code and last stderr line when ``check``
     is set and the command fails, or FileNotFoundError's message when it is not installed.
@@ -32,6 +34,7 @@ def run(
             cwd=cwd,
             env=None if env is None else dict(env),
             check=False,
+            timeout=timeout,
         )
     except FileNotFoundError as exc:
         raise CommandError(argv, 127, b"", f"{argv[0]}: command not found".encode()) from exc

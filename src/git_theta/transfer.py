@@ -27,7 +27,7 @@ from git_theta.store import ObjectRef, ObjectStore
 
 
 class LfsUnavailableError(ThetaError):
-    """git-lfs could not be started to download objects."""
+    """git-lfs is missing or could not be started."""
 
 
 POINTER = "version https://git-lfs.github.com/spec/v1\noid sha256:{oid}\nsize {size}\n"
@@ -35,7 +35,7 @@ POINTER = "version https://git-lfs.github.com/spec/v1\noid sha256:{oid}\nsize {s
 
 def push(remote: str, refs: Iterable[ObjectRef], cwd: str | None = None) -> int:
     """Upload the objects to ``remote`` (the server skips those it has); return how many
-    were asked for. Raises CommandError when git-lfs fails."""
+    were asked for. Raises TransferError when git-lfs fails or is missing."""
     oids = sorted({ref.oid for ref in refs})
     if oids:
         try:
@@ -45,6 +45,13 @@ def push(remote: str, refs: Iterable[ObjectRef], cwd: str | None = None) -> int:
                 cwd=cwd,
             )  # fmt: skip
         except CommandError as exc:
+            if exc.returncode == 127:
+                raise  # git itself is missing: its own message says so
+            if b"'lfs' is not a git command" in exc.stderr:
+                raise LfsUnavailableError(
+                    "git-lfs is not installed, so tensor objects cannot be uploaded and no "
+                    "ref was pushed (apt-get install git-lfs, or see https://git-lfs.com)"
+                ) from None
             lines = exc.stderr.decode(errors="replace").strip().splitlines()
             raise TransferError(
                 f"uploading {len(oids)} content object(s) to {remote!r} failed, so no ref was "

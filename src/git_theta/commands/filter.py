@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from git_theta.commands.errors import report
-from git_theta.errors import ThetaError
 from git_theta.hooks import HooksElsewhereError, install_hooks
 from git_theta.protocol.filter_process import Handler, Sink, Source, serve
 from git_theta.repo import Repo
@@ -62,11 +61,14 @@ def filter_process() -> int:
             install_hooks()  # a fresh clone gets its pre-push hook on its first checkout
         except HooksElsewhereError:
             pass  # said by `git theta install`/`track`; not on every git command
-        except ThetaError as exc:
+        except Exception as exc:  # a read-only hooks dir must not stop a checkout
             report(exc)
-        repo.store  # noqa: B018 - resolves the store's directory (two git calls) early
-        for module in _WARM:
-            importlib.import_module(module)
+        try:
+            repo.store  # noqa: B018 - resolves the store's directory (two git calls) early
+            for module in _WARM:
+                importlib.import_module(module)
+        except Exception:
+            pass  # only a warm-up: the handler meets the same error and reports it once
 
     helper = threading.Thread(target=prepare, name="theta-prepare")
     helper.start()

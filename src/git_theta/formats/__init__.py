@@ -29,7 +29,7 @@ def detect(head: bytes, path: str) -> CheckpointFormat:
     """
     for scan in (False, True):
         formats = FORMATS.all(scan)
-        for key in sorted(formats):
+        for key in sorted(formats, key=lambda k: (formats[k].weak_sniff, k)):
             if formats[key].sniff(head, path):
                 return formats[key]
     known = ", ".join(sorted(formats))

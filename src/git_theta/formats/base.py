@@ -34,6 +34,9 @@ class CheckpointFormat(ABC):
     key: ClassVar[str]
     head_size: ClassVar[int] = 16  # bytes ``sniff`` needs
     needs_seek: ClassVar[bool] = False  # True: read_spans on a seekable copy instead
+    # True when ``sniff`` recognises a structure rather than a magic number (msgpack):
+    # such formats are tried after every format with a real signature.
+    weak_sniff: ClassVar[bool] = False
 
     @abstractmethod
     def sniff(self, head: bytes, path: str) -> bool:

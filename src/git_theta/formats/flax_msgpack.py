@@ -23,6 +23,7 @@ from git_theta.formats.base import CheckpointFormat, ReadExact, TensorSpan
 
 NDARRAY_EXT = 1  # flax's extension code for an ndarray (2 is a complex, 3 a numpy scalar)
 MAX_DEPTH = 200  # flax state dicts nest a handful of levels; deeper is corruption
+MAX_KEY = 1 << 16  # bytes in one key: a name, not data
 
 
 class _Truncated(CheckpointError):
@@ -129,6 +130,8 @@ class _Walker:
     def key(self) -> str:
         kind, n = self.head()
         if kind == "str":
+            if n > MAX_KEY:
+                raise CheckpointError("Flax msgpack map key is longer than 64 KiB")
             try:
                 return self.take(n).decode("utf-8")
             except UnicodeDecodeError:
@@ -170,44 +173,43 @@ class _Walker:
 
 
 def _looks_like_state_dict(head: bytes) -> bool:
-    """A top-level map with string keys whose first array leaf is an ndarray extension."""
+    """A top-level map with non-empty string keys, nested maps and lists, whose first
+    extension within ``head`` is an ndarray."""
     walker = _Walker(io.BytesIO(head).read, lambda _: None, len(head))
-    stack = [1]  # entries left to read in each open map
     try:
         kind, n = walker.head()
         if kind != "map" or n == 0:
             return False
-        stack = [n]
+        stack = [[n, True]]  # per open container: entries left, whether entries have keys
         while stack:
-            if stack[-1] == 0:
+            top = stack[-1]
+            if top[0] == 0:
                 stack.pop()
                 continue
-            stack[-1] -= 1
+            top[0] -= 1
+            if top[1]:
+                kind, n = walker.head()
+                if kind != "str" or n == 0:
+                    return False
+                walker.take(n)
             kind, n = walker.head()
-            if kind != "str" or n == 0:
-                return False
-            walker.take(n)
-            kind, n = walker.head()
-            if kind == "map":
-                stack.append(n)
+            if kind in ("map", "array"):
+                stack.append([n, kind == "map"])
             elif kind == "ext":
                 if n == NDARRAY_EXT:
                     return True
                 walker.take(walker.ext_length)
             elif kind in ("str", "bin"):
                 walker.take(n)
-            elif kind != "int" and kind != "scalar":
-                return False
-    except _Truncated:
-        return False
-    except CheckpointError:
+    except CheckpointError:  # truncated head or an invalid marker
         return False
     return False
 
 
 class FlaxMsgpackFormat(CheckpointFormat):
     key = "flax"
-    head_size = 4096
+    head_size = 4096  # the first array must start within it (see _looks_like_state_dict)
+    weak_sniff = True
     needs_seek = True  # array headers sit between the arrays: walk a seekable copy
 
     def sniff(self, head: bytes, path: str) -> bool:

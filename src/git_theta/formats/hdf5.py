@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import sys
 from typing import BinaryIO
 
@@ -23,6 +24,7 @@ from git_theta.formats.base import CheckpointFormat, ReadExact, TensorSpan
 
 SIGNATURE = b"\x89HDF\r\n\x1a\n"
 NO_H5PY = 3  # exit code of hdf5_layout when h5py is not installed
+READ_TIMEOUT = 600  # seconds; h5py reads only metadata, so a hang is a broken file
 
 
 class Hdf5Format(CheckpointFormat):
@@ -39,15 +41,25 @@ class Hdf5Format(CheckpointFormat):
     def read_spans(self, fh: BinaryIO, size: int) -> list[TensorSpan]:
         fh.flush()
         fh.seek(0)
-        done = proc.run(sys.executable, "-m", "git_theta.formats.hdf5_layout", stdin=fh,
-                        check=False)  # fmt: skip
+        # -P: git runs us in the work tree, and a cloned repository must not be able to
+        # shadow a module the reader imports (a committed json.py, h5py.py...).
+        argv = (sys.executable, "-P", "-m", "git_theta.formats.hdf5_layout")
+        try:
+            done = proc.run(*argv, stdin=fh, check=False, timeout=READ_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            raise CheckpointError(
+                f"HDF5 file could not be read: h5py did not finish in {READ_TIMEOUT} s"
+            ) from None
         if done.returncode == NO_H5PY:
             raise CheckpointError(
                 "adding an HDF5 file needs h5py (pip install h5py); checking out does not"
             )
         if done.returncode < 0:
-            name = signal.Signals(-done.returncode).name
-            raise CheckpointError(f"HDF5 file could not be read: the HDF5 library crashed ({name})")
+            try:
+                how = signal.Signals(-done.returncode).name
+            except ValueError:
+                how = f"signal {-done.returncode}"
+            raise CheckpointError(f"HDF5 file could not be read: the HDF5 library crashed ({how})")
         if done.returncode != 0:
             lines = done.stderr.decode(errors="replace").strip().splitlines()
             raise CheckpointError(f"HDF5 file is corrupt: {lines[-1] if lines else 'unreadable'}")

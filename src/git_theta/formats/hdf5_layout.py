@@ -39,9 +39,9 @@ def spans(fh: Any) -> list[list[Any]]:
     out: list[list[Any]] = []
     with h5py.File(fh, "r") as f:
 
-        def visit(name: str, obj: Any) -> None:
-            if not isinstance(obj, h5py.Dataset):
-                return
+        def visit(name: str | bytes, obj: Any) -> None:
+            if not isinstance(obj, h5py.Dataset) or not isinstance(name, str):
+                return  # groups; and names that are not UTF-8 stay glue
             plist = obj.id.get_create_plist()
             if plist.get_layout() != h5py.h5d.CONTIGUOUS or plist.get_nfilters():
                 return

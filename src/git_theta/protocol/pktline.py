@@ -97,8 +97,8 @@ class PacketReader:
         self._buf = memoryview(packet)
         return True
 
-    def _read_header(self) -> int:
-        """Read the next packet's length; return its payload size (0 at the flush)."""
+    def _read_header(self) -> int | None:
+        """Read the next packet's length; return its payload size (None at the flush)."""
         head = self._stream.read(4)
         if not head:
             raise EOFError("pkt-line stream closed")
@@ -109,7 +109,7 @@ class PacketReader:
         except ValueError as exc:
             raise ProtocolError(f"bad pkt-line length {head!r}") from exc
         if size == 0:
-            return 0
+            return None
         if size < 4 or size - 4 > MAX_PAYLOAD:
             raise ProtocolError(f"bad pkt-line length {size}")
         return size - 4
@@ -127,7 +127,7 @@ class PacketReader:
                     break
                 if len(out) - filled >= MAX_PAYLOAD:
                     size = self._read_header()
-                    if size == 0:
+                    if size is None:
                         self._done = True
                         break
                     target = out[filled : filled + size]
