@@ -13,7 +13,7 @@ Each version is committed with plain ``git add`` (update type ``auto``; v2 first
 ``git theta add --update-type low-rank --update-path`` the LoRA factors) and with Git LFS;
 the table gives the bytes each adds to .git/lfs/objects and the median checkout time.
 
-Usage: python bench/series.py [--out FILE] [--runs N]
+Usage: python bench/series.py [--out FILE] [--runs N] [--only FP32|BF16] [--keep]
 """
 
 from __future__ import annotations
@@ -185,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--keep", action="store_true", help="keep the repositories (printed)")
+    parser.add_argument("--only", choices=["FP32", "BF16"], help="run one dtype")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="theta-series-"))
     try:
@@ -194,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         rows: list[list[str]] = []
         times: list[str] = []
         for label, start in (("MiniLM FP32", fp32), ("MiniLM BF16", bench.to_bf16(fp32))):
+            if args.only and not label.endswith(args.only):
+                continue
             bench.log(f"series on {label}")
             rows += history(work, env, label, start)
             times += checkout_times(work, env, label, args.runs)
@@ -209,7 +213,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:
             args.out.write_text(text)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if args.keep:
+            bench.log(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

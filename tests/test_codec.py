@@ -166,3 +166,42 @@ def test_c_kernel_rejects_bad_arguments() -> None:
         codec._native.join(bytearray(4), [b"a", b"bc"], 2, False)
     with pytest.raises(ValueError, match="one plane per byte"):
         codec._native.join(bytearray(4), [b"ab"], 2, False)
+
+
+@settings(max_examples=80, deadline=None)
+@given(word=st.sampled_from([1, 2, 4, 8]), data=st.data())
+def test_c_kernel_and_numpy_agree_on_the_delta_zigzag(word: int, data: st.DataObject) -> None:
+    from git_theta.updates.delta import _unzigzag, _zigzag
+
+    assert codec._native is not None
+    n = data.draw(st.integers(0, 200))
+    old = data.draw(st.binary(min_size=n * word, max_size=n * word))
+    new = data.draw(st.binary(min_size=n * word, max_size=n * word))
+    z = codec._native.zigzag(new, old, word)
+    assert z == _zigzag(new, old, word).tobytes()
+    value = bytearray(old)
+    codec._native.unzigzag_add(value, z, word)
+    assert value == new == _unzigzag(np.frombuffer(z, dtype=f"<u{word}"), old, word)
+    with pytest.raises(ValueError, match="differ in length"):
+        codec._native.unzigzag_add(bytearray(word), b"", word)
+
+
+@settings(max_examples=60, deadline=None)
+@given(size=st.sampled_from([1, 2, 3, 4, 8]), data=st.data())
+def test_c_kernel_sparse_scatter_matches_numpy(size: int, data: st.DataObject) -> None:
+    assert codec._native is not None
+    n = data.draw(st.integers(1, 300))
+    value = bytearray(data.draw(st.binary(min_size=n * size, max_size=n * size)))
+    where = sorted(data.draw(st.sets(st.integers(0, n - 1), max_size=n)))
+    gaps = np.diff(np.array(where, dtype=np.uint64), prepend=np.uint64(0)).astype("<u8")
+    values = data.draw(st.binary(min_size=len(where) * size, max_size=len(where) * size))
+    expected = np.frombuffer(bytes(value), dtype=np.uint8).reshape(n, size).copy()
+    if where:
+        expected[where] = np.frombuffer(values, dtype=np.uint8).reshape(-1, size)
+    codec._native.scatter(value, gaps.tobytes(), values, size)
+    assert bytes(value) == expected.tobytes()
+    with pytest.raises(IndexError, match="past the tensor's end"):
+        codec._native.scatter(value, np.array([n], "<u8").tobytes(), bytes(size), size)
+    with pytest.raises(IndexError, match="past the tensor's end"):  # a huge gap wraps around
+        big = np.array([0, 2**64 - 1], "<u8").tobytes()
+        codec._native.scatter(value, big, bytes(2 * size), size)

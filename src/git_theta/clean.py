@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING
 
-from git_theta import chains
+from git_theta import chains, codec
 from git_theta.content import content_hash
 from git_theta.errors import CheckpointError, ThetaError
 from git_theta.formats import detect
@@ -43,7 +43,7 @@ class _Reader:
         grows with the bytes that really arrive, so a header claiming a huge tensor fails
         as truncated instead of allocating it."""
         if n <= _STEP:  # one allocation, filled in place
-            out = bytearray(n)
+            out = codec.new_buffer(n)  # filled below, or the read fails
             view = memoryview(out)
             have = min(len(self._head), n)
             view[:have] = self._head[:have]
@@ -247,7 +247,6 @@ def _clean_spans(
         progress.advance(job_span.end - job_span.start)
     add_glue(reader.read_rest())
     progress.close()
-    from git_theta import codec
 
     glue_ref = store.put(codec.encode(glue, level=9))
     manifest = Manifest(

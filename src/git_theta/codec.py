@@ -69,6 +69,12 @@ def _zstd_d() -> zstandard.ZstdDecompressor:
     return dec
 
 
+def new_buffer(n: int) -> bytearray:
+    """A bytearray of ``n`` bytes for the caller to overwrite completely (not zeroed when
+    the C kernel is built: zeroing is a whole extra pass over every decoded tensor)."""
+    return _native.empty(n) if _native is not None else bytearray(n)
+
+
 def _entropy_bits(plane: bytes | memoryview) -> float:
     """Order-0 entropy (bits per byte) of an evenly spaced sample of ``plane``."""
     step = max(1, len(plane) // _SAMPLE)
@@ -266,7 +272,7 @@ def decode_stream(
 
     def one(job: tuple[bytes, int]) -> bytearray:
         blob, size = job
-        out = bytearray(size)
+        out = new_buffer(size)
         try:
             _decode_chunk(memoryview(blob), 0, memoryview(out), layout)
         except (_ZLIB_ERROR, zstandard.ZstdError, struct.error) as exc:
@@ -278,6 +284,20 @@ def decode_stream(
         raise ObjectCorruptError("content object has trailing bytes")
 
 
+def _chunk_starts(view: memoryview, layout: Layout, length: int, chunk_words: int) -> list[int]:
+    """Where each chunk's planes start (lengths only); checks the object ends there."""
+    starts = []
+    pos = _HEAD.size
+    for _ in range(0, length, chunk_words * layout.word):
+        starts.append(pos)
+        for _ in range(layout.word):
+            _, n = _PLANE.unpack_from(view, pos)
+            pos += _PLANE.size + n
+    if pos != len(view):
+        raise ObjectCorruptError("content object is truncated or has trailing bytes")
+    return starts
+
+
 def decode(obj: bytes | memoryview, pool: Executor | None = None) -> bytearray:
     """Return the bytes stored in content object ``obj``.
 
@@ -285,27 +305,57 @@ def decode(obj: bytes | memoryview, pool: Executor | None = None) -> bytearray:
     """
     view = memoryview(obj).cast("B")
     layout, length, chunk_words = _parse_head(view)
-    word = layout.word
-    out = bytearray(length)
-    flat = memoryview(out)
-    chunk_bytes = chunk_words * word
-    # Find every chunk's start first (lengths only), then decode them, in parallel if asked.
-    jobs = []
-    pos = _HEAD.size
+    out = new_buffer(length)  # every chunk below is written in full, or decode raises
+    _decode_chunks(view, layout, length, chunk_words, memoryview(out), _ignore, pool)
+    return out
+
+
+def _ignore(start: int, chunk: memoryview) -> None:
+    """``decode`` writes chunks in place: nothing more to do with each."""
+
+
+def decode_each(
+    obj: bytes | memoryview,
+    each: Callable[[int, memoryview], None],
+    pool: Executor | None = None,
+) -> int:
+    """Decode ``obj`` chunk by chunk, calling ``each(offset, chunk)`` (from pool threads
+    when ``pool`` is given) instead of assembling the whole value; return its length.
+    Memory is a few chunks, whatever the size. Raises ObjectCorruptError like ``decode``.
+    """
+    view = memoryview(obj).cast("B")
+    layout, length, chunk_words = _parse_head(view)
+    _decode_chunks(view, layout, length, chunk_words, None, each, pool)
+    return length
+
+
+def _decode_chunks(
+    view: memoryview,
+    layout: Layout,
+    length: int,
+    chunk_words: int,
+    out: memoryview | None,
+    each: Callable[[int, memoryview], None],
+    pool: Executor | None,
+) -> None:
+    """Decode every chunk into ``out`` (or a scratch buffer per chunk), then ``each``."""
+    chunk_bytes = chunk_words * layout.word
+
+    def one(job: tuple[int, int]) -> None:
+        pos, start = job
+        size = min(chunk_bytes, length - start)
+        target = out[start : start + size] if out is not None else memoryview(new_buffer(size))
+        _decode_chunk(view, pos, target, layout)
+        each(start, target)
+
     try:
-        for start in range(0, length, chunk_bytes):
-            jobs.append((pos, flat[start : start + chunk_bytes]))
-            for _ in range(word):
-                _, n = _PLANE.unpack_from(view, pos)
-                pos += _PLANE.size + n
-        if pos != len(view):
-            raise ObjectCorruptError("content object is truncated or has trailing bytes")
+        starts = _chunk_starts(view, layout, length, chunk_words)
+        jobs = list(zip(starts, range(0, length, chunk_bytes), strict=True))
         if pool is not None and len(jobs) > 1:
-            for _ in pool.map(lambda j: _decode_chunk(view, j[0], j[1], layout), jobs):
+            for _ in pool.map(one, jobs):
                 pass
         else:
-            for chunk_pos, chunk_out in jobs:
-                _decode_chunk(view, chunk_pos, chunk_out, layout)
+            for job in jobs:
+                one(job)
     except (_ZLIB_ERROR, zstandard.ZstdError, struct.error) as exc:
         raise ObjectCorruptError(f"content object is corrupt: {exc}") from exc
-    return out

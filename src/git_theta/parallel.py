@@ -13,6 +13,9 @@ R = TypeVar("R")
 
 WORKERS = max(1, min(8, os.cpu_count() or 1))
 BUDGET = 128 << 20  # bytes of input in flight; one larger item is always allowed
+# Items in flight. Bytes are what BUDGET bounds; a small count left workers idle while the
+# consumer waited on one large tensor ahead of many small ones (a model's embeddings).
+MAX_AHEAD = 256
 
 
 def ordered_map(
@@ -36,7 +39,7 @@ def ordered_map(
             while True:
                 while (
                     not exhausted
-                    and len(pending) < 8 * workers
+                    and len(pending) < MAX_AHEAD
                     and (not pending or inflight < budget)
                 ):
                     try:

@@ -86,6 +86,12 @@ def write_checkpoint(
         raise ObjectCorruptError(f"header object {manifest.glue.ref.oid} is corrupt")
     names = [item for item in manifest.layout if isinstance(item, str)]
     progress = Progress(f"checking out {path}", manifest.size, len(names), show_progress)
+    from git_theta.updates import UPDATES
+
+    # Load the update types this file needs before the workers start: an import (NumPy's
+    # takes 0.12 s) holds the GIL and would stall every worker mid-tensor.
+    for key in sorted({link.update for e in manifest.tensors.values() for link in e.chain}):
+        UPDATES.get(key)
 
     def rebuild(name: str) -> bytearray | None:
         entry = manifest.tensors[name]

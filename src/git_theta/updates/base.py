@@ -60,4 +60,5 @@ class UpdateType(ABC):
 
     @abstractmethod
     def apply(self, prev: bytearray | None, payload: bytes, dtype: str) -> bytearray:
-        """Return the new value from the previous value and the payload."""
+        """Return the new value from the previous value and the payload. ``prev`` belongs
+        to the caller's chain and is not used again: an update may change it in place."""

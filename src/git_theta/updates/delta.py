@@ -10,13 +10,16 @@ Wrapping arithmetic makes it exact for every bit pattern, NaNs included.
 
 from __future__ import annotations
 
-import numpy as np
+from typing import TYPE_CHECKING
 
 from git_theta import codec
 from git_theta.errors import ObjectCorruptError
 from git_theta.parallel import chunk_pool
 from git_theta.updates.base import Buffer, UpdateType
 from git_theta.updates.layout import itemsize
+
+if TYPE_CHECKING:
+    import numpy as np
 
 _UNSIGNED = {1: "<u1", 2: "<u2", 4: "<u4", 8: "<u8"}
 _SIGNED = {1: "<i1", 2: "<i2", 4: "<i4", 8: "<i8"}
@@ -28,6 +31,9 @@ def _size(dtype: str) -> int:
 
 
 def _zigzag(new: Buffer, old: Buffer, size: int) -> np.ndarray:
+    """NumPy version of ``_planes.zigzag``."""
+    import numpy as np
+
     a = np.frombuffer(old, dtype=_UNSIGNED[size])
     b = np.frombuffer(new, dtype=_UNSIGNED[size])
     d = (b - a).view(_SIGNED[size])  # wraps modulo 2**bits
@@ -36,6 +42,9 @@ def _zigzag(new: Buffer, old: Buffer, size: int) -> np.ndarray:
 
 
 def _unzigzag(z: np.ndarray, old: Buffer, size: int) -> bytearray:
+    """NumPy version of ``_planes.unzigzag_add`` (into a new buffer)."""
+    import numpy as np
+
     signed = z.view(_SIGNED[size])
     d = ((z >> 1).view(_SIGNED[size]) ^ -(signed & 1)).view(_UNSIGNED[size])
     a = np.frombuffer(old, dtype=_UNSIGNED[size])
@@ -50,12 +59,34 @@ class Delta(UpdateType):
         if prev is None or len(prev) != len(new):
             return None
         size = _size(dtype)
-        z = _zigzag(new, prev, size)
-        return codec.encode(z.tobytes(), codec.Layout(size), pool=chunk_pool())
+        if codec._native is not None:
+            z: bytes = codec._native.zigzag(new, prev, size)
+        else:
+            z = _zigzag(new, prev, size).tobytes()
+        return codec.encode(z, codec.Layout(size), pool=chunk_pool())
 
     def apply(self, prev: bytearray | None, payload: bytes, dtype: str) -> bytearray:
         size = _size(dtype)
+        native = codec._native
+        if native is not None and prev is not None:
+            # In place (the caller owns prev), chunk by chunk: the decoded difference is
+            # never held whole.
+            value = memoryview(prev)
+
+            def add(start: int, z: memoryview) -> None:
+                if start + len(z) > len(value):
+                    raise ObjectCorruptError("delta is longer than the previous value")
+                try:
+                    native.unzigzag_add(value[start : start + len(z)], z, size)
+                except ValueError as exc:  # not whole words
+                    raise ObjectCorruptError(f"delta is malformed: {exc}") from None
+
+            if codec.decode_each(payload, add, pool=chunk_pool()) != len(prev):
+                raise ObjectCorruptError("delta does not match the size of the previous value")
+            return prev
         raw = codec.decode(payload, pool=chunk_pool())
         if prev is None or len(prev) != len(raw):
             raise ObjectCorruptError("delta does not match the size of the previous value")
+        import numpy as np
+
         return _unzigzag(np.frombuffer(raw, dtype=_UNSIGNED[size]), prev, size)
