@@ -12,6 +12,7 @@ setup(
             "git_theta._planes",
             ["src/git_theta/_planes.c"],
             extra_compile_args=["-O3"],
+            libraries=["m"],
             optional=True,
         )
     ]

@@ -2,7 +2,7 @@
 differ in one layer, against decoding that layer's tensors alone (both as fresh processes,
 so both pay the same start-up). The diff issue asks for under 2x.
 
-Usage: python bench/diffspeed.py [--runs N]
+Usage: python bench/diffspeed.py [--runs N] [--keep]
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ for name, entry in m.tensors.items():
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--keep", action="store_true", help="keep the repository (printed)")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="theta-diffspeed-"))
     try:
@@ -65,7 +66,10 @@ def main(argv: list[str] | None = None) -> int:
               f"git theta diff {d:.2f}s, decoding the layer alone {c:.2f}s: {d / c:.2f}x "
               f"(median of {args.runs})")  # fmt: skip
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if args.keep:
+            bench.log(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

@@ -205,3 +205,27 @@ def test_c_kernel_sparse_scatter_matches_numpy(size: int, data: st.DataObject) -
     with pytest.raises(IndexError, match="past the tensor's end"):  # a huge gap wraps around
         big = np.array([0, 2**64 - 1], "<u8").tobytes()
         codec._native.scatter(value, big, bytes(2 * size), size)
+
+
+@settings(max_examples=60, deadline=None)
+@given(dtype=st.sampled_from(["F32", "F64", "F16", "BF16"]), data=st.data())
+def test_c_diff_stats_match_the_numpy_summary(dtype: str, data: st.DataObject) -> None:
+    import math
+
+    from git_theta.diffing import _WIDEN, TensorDiff, _numpy_stats
+
+    assert codec._native is not None
+    size = {"F32": 4, "F64": 8, "F16": 2, "BF16": 2}[dtype]
+    n = data.draw(st.integers(0, 64))
+    old = data.draw(st.binary(min_size=n * size, max_size=n * size))  # NaNs, infs, subnormals
+    new = data.draw(st.binary(min_size=n * size, max_size=n * size))
+    ref = TensorDiff("t", "modified", None, None, n)
+    norm = _numpy_stats(ref, old, new, dtype)
+    changed, d2, max_abs, x2 = codec._native.diff_stats(old, new, _WIDEN[dtype])
+    assert changed == ref.changed
+    assert norm is not None and ref.l2 is not None and ref.max_abs is not None
+    for c_value, numpy_value in ((math.sqrt(d2), ref.l2), (max_abs, ref.max_abs),
+                                 (math.sqrt(x2), norm)):  # fmt: skip
+        assert c_value == pytest.approx(numpy_value, rel=1e-9) or (
+            math.isinf(c_value) and math.isinf(numpy_value)
+        )

@@ -12,8 +12,6 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from git_theta import chains
 from git_theta.content import content_hash
 from git_theta.dtypes import lookup
@@ -21,8 +19,8 @@ from git_theta.errors import CheckpointError, ThetaError
 from git_theta.formats import detect
 from git_theta.formats.base import SNIFF_MAX
 from git_theta.manifest import Link, Manifest, TensorEntry
+from git_theta.parallel import ordered_map
 from git_theta.store import ObjectStore
-from git_theta.values import as_float64, elements_changed
 
 
 @dataclass(frozen=True)
@@ -138,6 +136,56 @@ def _update_summary(old: TensorSide, new: TensorSide) -> str:
         return ""
 
 
+def _apply_last(old: TensorSide, new: TensorSide, a: bytes | bytearray) -> bytearray | None:
+    """``new`` when it is ``old`` plus one stored update: that update applied to ``a``
+    (old's bytes, in hand), rather than rebuilding new's whole chain again. None when
+    ``new`` is not stored that way."""
+    from git_theta.updates import UPDATES
+
+    if new.store is None or not old.links or new.links[:-1] != old.links:
+        return None
+    link = new.links[-1]
+    try:
+        value = UPDATES.get(link.update).apply(bytearray(a), new.store.get(link.ref), new.dtype)
+    except ThetaError:
+        return None  # rebuild it the long way, which names what is wrong
+    return value if content_hash(value) == new.hash else None
+
+
+_WIDEN = {"F32": 0, "F64": 1, "F16": 2, "BF16": 3}  # dtypes _planes.diff_stats widens
+
+
+def _numpy_stats(
+    diff: TensorDiff, a: bytes | bytearray, b: bytes | bytearray, dtype: str
+) -> float | None:
+    """Fill ``diff``'s counts and norms with NumPy; return ||old||, or None (with a note)
+    when the dtype has no numeric summary."""
+    import numpy as np
+
+    from git_theta.values import as_float64, elements_changed
+
+    dt = lookup(dtype)
+    bits = dt.bits if dt else 8
+    if bits % 8 == 0:
+        diff.changed = elements_changed(a, b, bits // 8)
+    else:
+        flips = np.unpackbits(np.frombuffer(a, np.uint8)) != np.unpackbits(
+            np.frombuffer(b, np.uint8)
+        )
+        diff.changed = int(flips[: diff.numel * bits].reshape(-1, bits).any(axis=1).sum())
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN payloads widen quietly
+        x, y = as_float64(a, dtype), as_float64(b, dtype)
+        if x is None or y is None:
+            diff.note = f"no numeric summary for {dtype}"
+            return None
+        delta = y - x
+        finite = delta[np.isfinite(delta)]
+        diff.l2 = float(np.sqrt(np.dot(finite, finite))) if finite.size else 0.0
+        diff.max_abs = float(np.abs(finite).max()) if finite.size else 0.0
+        xf = x[np.isfinite(x)]
+        return float(np.sqrt(np.dot(xf, xf))) if xf.size else 0.0
+
+
 def _measure(diff: TensorDiff) -> None:
     old, new = diff.old, diff.new
     assert old is not None and new is not None
@@ -148,28 +196,28 @@ def _measure(diff: TensorDiff) -> None:
     if old.load is None or new.load is None:
         diff.note = "values not local: run `git theta fetch`"
         return
-    a, b = old.load(), new.load()
-    dt = lookup(new.dtype)
-    bits = dt.bits if dt else 8
-    if bits % 8 == 0:
-        diff.changed = elements_changed(a, b, bits // 8)
+    a = old.load()
+    b = _apply_last(old, new, a) or new.load()
+    from git_theta import codec
+
+    kind = _WIDEN.get(new.dtype)
+    if codec._native is not None and kind is not None:
+        # One pass in C, and no NumPy import (0.12 s) for the usual float tensors.
+        diff.changed, d2, max_abs, x2 = codec._native.diff_stats(a, b, kind)
+        diff.l2, diff.max_abs, norm = math.sqrt(d2), max_abs, math.sqrt(x2)
     else:
-        flips = np.unpackbits(np.frombuffer(a, np.uint8)) != np.unpackbits(
-            np.frombuffer(b, np.uint8)
-        )
-        diff.changed = int(flips[: diff.numel * bits].reshape(-1, bits).any(axis=1).sum())
-    x, y = as_float64(a, new.dtype), as_float64(b, new.dtype)
-    if x is None or y is None:
-        diff.note = f"no numeric summary for {new.dtype}"
-        return
-    with np.errstate(invalid="ignore", over="ignore"):
-        delta = y - x
-        finite = delta[np.isfinite(delta)]
-        diff.l2 = float(np.sqrt(np.dot(finite, finite))) if finite.size else 0.0
-        diff.max_abs = float(np.abs(finite).max()) if finite.size else 0.0
-        xf = x[np.isfinite(x)]
-        norm = float(np.sqrt(np.dot(xf, xf))) if xf.size else 0.0
-    diff.rel = diff.l2 / norm if norm > 0 else (0.0 if diff.l2 == 0 else math.inf)
+        found = _numpy_stats(diff, a, b, new.dtype)
+        if found is None:
+            return
+        norm = found
+    l2 = diff.l2 or 0.0
+    diff.rel = l2 / norm if norm > 0 else (0.0 if l2 == 0 else math.inf)
+
+
+def _weight(diff: TensorDiff) -> int:
+    side = diff.new or diff.old
+    known = lookup(side.dtype) if side is not None else None
+    return 2 * diff.numel * (known.bits // 8 if known and known.bits >= 8 else 1)
 
 
 def compare(
@@ -195,11 +243,15 @@ def compare(
             report.unchanged += 1
             continue
         status = "added" if a is None else "removed" if b is None else "modified"
-        diff = TensorDiff(name, status, a, b, numel)
-        if status == "modified":
-            _measure(diff)
-            report.params_changed += diff.changed if diff.changed is not None else numel
+        report.tensors.append(TensorDiff(name, status, a, b, numel))
+    modified = [d for d in report.tensors if d.status == "modified"]
+    # Both sides of every changed tensor are decoded: do that on all cores (the codec
+    # and NumPy's reductions release the GIL), bounded in bytes like a checkout.
+    for _ in ordered_map(_measure, modified, _weight):
+        pass
+    for diff in report.tensors:
+        if diff.status == "modified" and diff.changed is not None:
+            report.params_changed += diff.changed
         else:
-            report.params_changed += numel
-        report.tensors.append(diff)
+            report.params_changed += diff.numel
     return report
