@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -68,3 +69,23 @@ def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     git(path, "add", ".gitattributes")
     git(path, "commit", "-q", "-m", "track")
     yield path
+
+
+def track(repo: Path, *patterns: str) -> Path:
+    """Track ``patterns`` with git theta and commit the attributes; return ``repo``."""
+    assert main(["track", *patterns]) == 0
+    git(repo, "add", ".gitattributes")
+    git(repo, "commit", "-q", "-m", f"track {' '.join(patterns)}")
+    return repo
+
+
+def commit_and_check_out(repo: Path, name: str) -> dict[str, object]:
+    """Commit ``name``, delete it, check it out; return its manifest after a sha256 check."""
+    sha = sha256(repo / name)
+    git(repo, "add", name)
+    git(repo, "commit", "-q", "-m", name)
+    (repo / name).unlink()
+    git(repo, "checkout", "--", name)
+    assert sha256(repo / name) == sha
+    manifest: dict[str, object] = json.loads(git(repo, "show", f"HEAD:{name}").stdout)
+    return manifest

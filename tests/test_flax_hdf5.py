@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import git, lfs_objects, sha256
-
-from git_theta.commands.cli import main
+from conftest import commit_and_check_out, git, lfs_objects, track
 
 os.environ.setdefault("KERAS_BACKEND", "jax")  # keras reads it once, at import
 flax_serialization = pytest.importorskip("flax.serialization")
@@ -20,22 +17,7 @@ jnp = pytest.importorskip("jax.numpy")
 
 @pytest.fixture
 def tracked(repo: Path) -> Path:
-    assert main(["track", "*.msgpack", "*.h5"]) == 0
-    git(repo, "add", ".gitattributes")
-    git(repo, "commit", "-q", "-m", "track flax and hdf5")
-    return repo
-
-
-def commit_and_check_out(repo: Path, name: str) -> dict[str, object]:
-    """Commit ``name``, delete it, check it out; return its manifest after a sha256 check."""
-    sha = sha256(repo / name)
-    git(repo, "add", name)
-    git(repo, "commit", "-q", "-m", name)
-    (repo / name).unlink()
-    git(repo, "checkout", "--", name)
-    assert sha256(repo / name) == sha
-    manifest: dict[str, object] = json.loads(git(repo, "show", f"HEAD:{name}").stdout)
-    return manifest
+    return track(repo, "*.msgpack", "*.h5")
 
 
 def flax_state(scale: float = 1.0) -> dict[str, object]:

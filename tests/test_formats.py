@@ -7,27 +7,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import git, lfs_objects, sha256
+from conftest import commit_and_check_out, git, lfs_objects, sha256, track
 
 from git_theta.commands.cli import main
 
 
 @pytest.fixture
 def tracked(repo: Path) -> Path:
-    assert main(["track", "*.npy", "*.gguf"]) == 0
-    git(repo, "add", ".gitattributes")
-    git(repo, "commit", "-q", "-m", "track more")
-    return repo
+    return track(repo, "*.npy", "*.gguf")
 
 
 def round_trip(repo: Path, name: str) -> str:
-    sha = sha256(repo / name)
-    git(repo, "add", name)
-    git(repo, "commit", "-q", "-m", name)
-    (repo / name).unlink()
-    git(repo, "checkout", "--", name)
-    assert sha256(repo / name) == sha
-    return str(json.loads(git(repo, "show", f"HEAD:{name}").stdout)["format"])
+    """Commit, delete and check out ``name`` (sha256 equal); return its manifest's format."""
+    return str(commit_and_check_out(repo, name)["format"])
 
 
 @pytest.mark.parametrize(

@@ -9,19 +9,14 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import git, lfs_objects, sha256
-
-from git_theta.commands.cli import main
+from conftest import git, lfs_objects, sha256, track
 
 torch = pytest.importorskip("torch")
 
 
 @pytest.fixture
 def tracked(repo: Path) -> Path:
-    assert main(["track", "*.pt", "*.bin"]) == 0
-    git(repo, "add", ".gitattributes")
-    git(repo, "commit", "-q", "-m", "track torch")
-    return repo
+    return track(repo, "*.pt", "*.bin")
 
 
 def state(seed: int) -> dict[str, object]:

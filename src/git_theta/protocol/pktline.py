@@ -38,6 +38,15 @@ def read_packet(stream: IO[bytes]) -> bytes | None:
 
     Raises EOFError when the stream ends at a packet boundary or inside a packet.
     """
+    size = read_length(stream)
+    return None if size is None else _read_exact(stream, size)
+
+
+def read_length(stream: IO[bytes]) -> int | None:
+    """Read a packet's 4-hex-digit length; return its payload size, or None for a flush.
+
+    Raises EOFError when the stream ends there, ProtocolError for a bad length.
+    """
     head = stream.read(4)
     if not head:
         raise EOFError("pkt-line stream closed")
@@ -51,7 +60,7 @@ def read_packet(stream: IO[bytes]) -> bytes | None:
         return None
     if size < 4 or size - 4 > MAX_PAYLOAD:
         raise ProtocolError(f"bad pkt-line length {size}")
-    return _read_exact(stream, size - 4)
+    return size - 4
 
 
 def read_text_list(stream: IO[bytes]) -> list[str]:
@@ -97,23 +106,6 @@ class PacketReader:
         self._buf = memoryview(packet)
         return True
 
-    def _read_header(self) -> int | None:
-        """Read the next packet's length; return its payload size (None at the flush)."""
-        head = self._stream.read(4)
-        if not head:
-            raise EOFError("pkt-line stream closed")
-        if len(head) != 4:
-            raise EOFError("pkt-line stream ended inside a length")
-        try:
-            size = int(head, 16)
-        except ValueError as exc:
-            raise ProtocolError(f"bad pkt-line length {head!r}") from exc
-        if size == 0:
-            return None
-        if size < 4 or size - 4 > MAX_PAYLOAD:
-            raise ProtocolError(f"bad pkt-line length {size}")
-        return size - 4
-
     def readinto(self, out: memoryview) -> int:
         """Fill ``out`` as far as the content allows; return the number of bytes written.
 
@@ -126,7 +118,7 @@ class PacketReader:
                 if self._done:
                     break
                 if len(out) - filled >= MAX_PAYLOAD:
-                    size = self._read_header()
+                    size = read_length(self._stream)
                     if size is None:
                         self._done = True
                         break
