@@ -7,11 +7,12 @@ content hash are verified as it is read.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable
 
 from git_theta import chains
 from git_theta.content import content_hash
-from git_theta.errors import ObjectCorruptError, ObjectMissingError
+from git_theta.errors import ObjectCorruptError, ObjectMissingError, ThetaError
 from git_theta.manifest import Manifest, is_manifest, parse
 from git_theta.parallel import ordered_map
 from git_theta.progress import Progress
@@ -91,7 +92,8 @@ def write_checkpoint(
     # Load the update types this file needs before the workers start: an import (NumPy's
     # takes 0.12 s) holds the GIL and would stall every worker mid-tensor.
     for key in sorted({link.update for e in manifest.tensors.values() for link in e.chain}):
-        UPDATES.get(key)
+        with contextlib.suppress(ThetaError):  # unknown: the rebuild names the tensor
+            UPDATES.get(key)
 
     def rebuild(name: str) -> bytearray | None:
         entry = manifest.tensors[name]
