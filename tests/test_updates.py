@@ -275,3 +275,27 @@ def test_filter_branch_rewrite_keeps_every_commit_exact(repo: Path) -> None:
     for back, sha in enumerate(reversed(shas)):
         git(repo, "checkout", "-q", f"main~{back}")
         assert sha256(repo / "m.safetensors") == sha
+
+
+def test_unknown_update_type_in_a_manifest_names_the_tensor_at_checkout(repo: Path) -> None:
+    save(repo, arrays(3))
+    commit(repo, "v1")
+    lines = git(repo, "show", "HEAD:m.safetensors").stdout.decode().splitlines(keepends=True)
+    # One line per tensor: give attn's chain an update type nobody registered.
+    changed = "".join(
+        line.replace('"update": "dense"', '"update": "magic"') if '"attn"' in line else line
+        for line in lines
+    )
+    blob = subprocess.run(
+        ["git", "hash-object", "-w", "--no-filters", "--stdin"],
+        cwd=repo, input=changed.encode(), capture_output=True, check=True,
+    ).stdout.decode().strip()  # fmt: skip
+    git(repo, "update-index", "--cacheinfo", f"100644,{blob},m.safetensors")
+    (repo / "m.safetensors").unlink()
+    done = git(repo, "checkout", "--", "m.safetensors", check=False)
+    assert done.returncode != 0
+    assert done.stderr.decode().splitlines()[0] == (
+        "git-theta: error: m.safetensors: tensor 'attn': unknown update type 'magic' "
+        "(available: auto, delta, dense, ia3, low-rank, sparse)"
+    )
+    assert not (repo / "m.safetensors").exists()
