@@ -1,6 +1,8 @@
 """Remotes: push a history where one tensor changes per commit to a file:// remote, then
 clone it, with git-theta and with Git LFS. Reports bytes sent (objects the remote
-received) against the bytes of the changed tensors' objects, and clone times.
+received) against the bytes of the changed tensors' objects, and clone times: from the
+file:// remote, and with the LFS objects on a giftless server on 127.0.0.1 (git-lfs
+moves file:// objects one at a time, HTTP ones in batches, 8 at once).
 
 Usage: python bench/remote.py [--runs N]
 """
@@ -18,7 +20,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
 import run as bench  # bench/run.py: the shared helpers
+from lfs_server import LfsServer  # tests/lfs_server.py: giftless on 127.0.0.1
 
 COMMITS = 4
 
@@ -36,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="theta-remote-"))
+    server = LfsServer(work)
+    server.start()
     try:
         env = bench.hermetic_env(work)
         bench.run(["git", "lfs", "install", "--skip-repo"], work, env)  # clones smudge LFS too
@@ -73,26 +79,39 @@ def main(argv: list[str] | None = None) -> int:
                     show = bench.run(["git", "show", f"HEAD:{bench.FILE}"], repo, env).stdout
                     entry = json.loads(show)["tensors"][name]
                     changed.append(entry["chain"][-1]["size"])
-            times = []
-            for i in range(args.runs):
-                dest = work / f"{tool}-clone-{i}"
-                times.append(bench.run(["git", "clone", "-q", f"file://{remote}", str(dest)],
-                                       work, env).seconds)  # fmt: skip
-                if bench.sha256(dest / bench.FILE) != bench.sha256(repo / bench.FILE):
-                    raise bench.BenchError(f"{tool}: the clone is not byte-exact")
-                shutil.rmtree(dest)
-            results[tool] = (sent, changed, statistics.median(times))
-        t_sent, t_changed, t_clone = results["theta"]
-        l_sent, _, l_clone = results["lfs"]
+            # The same history with its LFS objects on the HTTP server.
+            lfs_url, http_remote = server.url(tool), work / f"{tool}-http.git"
+            bench.run(["git", "init", "-q", "--bare", str(http_remote)], work, env)
+            bench.run(["git", "remote", "add", "http", f"file://{http_remote}"], repo, env)
+            bench.run(["git", "config", "remote.http.lfsurl", lfs_url], repo, env)
+            bench.run(["git", "push", "-q", "http", "HEAD:main"], repo, env)
+            clones = {}
+            sources = {"file": (remote, []), "http": (http_remote, ["-c", f"lfs.url={lfs_url}"])}
+            for kind, (origin, extra) in sources.items():
+                times = []
+                for i in range(args.runs):
+                    dest = work / f"{tool}-{kind}-clone-{i}"
+                    clone = ["git", "clone", "-q", *extra, f"file://{origin}", str(dest)]
+                    times.append(bench.run(clone, work, env).seconds)
+                    if bench.sha256(dest / bench.FILE) != bench.sha256(repo / bench.FILE):
+                        raise bench.BenchError(f"{tool}: the {kind} clone is not byte-exact")
+                    shutil.rmtree(dest)
+                clones[kind] = statistics.median(times)
+            results[tool] = (sent, changed, clones)
+        t_sent, t_changed, t_clones = results["theta"]
+        l_sent, _, l_clones = results["lfs"]
         print("| push | git-theta sent | changed tensors' objects | Git LFS sent |")
         print("|---|---|---|---|")
         for step in range(COMMITS):
             obj = f"{t_changed[step - 1] / bench.MB:.3f} MB" if step else "(first version)"
             print(f"| {step} | {t_sent[step] / bench.MB:.3f} MB | {obj} | "
                   f"{l_sent[step] / bench.MB:.1f} MB |")  # fmt: skip
-        print(f"\nclone of the latest version (median of {args.runs}): git-theta {t_clone:.2f} s, "
-              f"Git LFS {l_clone:.2f} s ({t_clone / l_clone:.2f}x)")  # fmt: skip
+        print(f"\nclone of the latest version, median of {args.runs}:")
+        for kind, label in (("file", "file:// remote"), ("http", "LFS objects on giftless")):
+            t, lfs = t_clones[kind], l_clones[kind]
+            print(f"- {label}: git-theta {t:.2f} s, Git LFS {lfs:.2f} s ({t / lfs:.2f}x)")
     finally:
+        server.stop()
         shutil.rmtree(work, ignore_errors=True)
     return 0
 
