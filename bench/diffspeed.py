@@ -8,7 +8,6 @@ Usage: python bench/diffspeed.py [--runs N] [--keep]
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import sys
 import tempfile
@@ -66,10 +65,7 @@ def main(argv: list[str] | None = None) -> int:
               f"git theta diff {d:.2f}s, decoding the layer alone {c:.2f}s: {d / c:.2f}x "
               f"(median of {args.runs})")  # fmt: skip
     finally:
-        if args.keep:
-            bench.log(f"kept {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+        bench.remove_workdir(work, args.keep)
     return 0
 
 

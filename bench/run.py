@@ -135,6 +135,14 @@ def run(argv: Sequence[str], cwd: Path, env: Env, *, watch: bool = False) -> Ran
     return Ran(seconds, peaks, out)
 
 
+def remove_workdir(work: Path, keep: bool) -> None:
+    """Delete a script's scratch directory, or say where it is when asked to keep it."""
+    if keep:
+        log(f"kept {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def hermetic_env(work: Path) -> dict[str, str]:
     """An environment that sees no user or system git config, only our own files."""
     home = work / "home"

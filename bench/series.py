@@ -19,7 +19,6 @@ Usage: python bench/series.py [--out FILE] [--runs N] [--only FP32|BF16] [--keep
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import sys
 import tempfile
@@ -213,10 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:
             args.out.write_text(text)
     finally:
-        if args.keep:
-            bench.log(f"kept {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+        bench.remove_workdir(work, args.keep)
     return 0
 
 
