@@ -91,6 +91,50 @@ def test_file_remote_push_clone_every_commit(repo: Path, tmp_path: Path) -> None
         check_every_commit(other, shas)
 
 
+def test_file_remote_objects_are_copied_without_git_lfs_transfers(
+    repo: Path, tmp_path: Path
+) -> None:
+    """A file:// remote's objects are copied straight from its LFS store (git-lfs's own
+    adapter moves them one at a time); a corrupt copy there is never taken."""
+    url = make_origin(tmp_path, repo)
+    shas = history(repo)
+    git(repo, "push", "-q", "origin", "main", "feature")
+    trace = tmp_path / "trace"
+    clone(url, tmp_path / "copy", GIT_TRACE=str(trace))
+    assert "lfs filter-process" not in trace.read_text()  # no git-lfs transfer was started
+    git(tmp_path / "copy", "fetch", "-q", "origin", "feature:feature")
+    check_every_commit(tmp_path / "copy", shas)
+
+    # Flip one byte of one object on the remote: the shortcut refuses it, git-lfs then
+    # gets its turn, and the checkout fails naming the tensor with no partial file.
+    manifest = json.loads(git(repo, "show", "HEAD:model.safetensors").stdout)
+    oid = manifest["tensors"]["emb"]["chain"][0]["oid"]
+    (stored,) = (tmp_path / "origin.git" / "lfs" / "objects").rglob(oid)
+    data = bytearray(stored.read_bytes())
+    data[len(data) // 2] ^= 1
+    stored.chmod(0o644)
+    stored.write_bytes(bytes(data))
+    dest = tmp_path / "broken"
+    done = subprocess.run(["git", "clone", "-q", url, str(dest)], capture_output=True)
+    assert done.returncode != 0
+    assert f"object {oid} for tensor 'emb'" in done.stderr.decode()
+    assert not (dest / "model.safetensors").exists()
+    assert not list((dest / ".git" / "lfs" / "objects").rglob(oid))
+
+
+def test_file_remote_with_its_own_lfs_storage_clones(repo: Path, tmp_path: Path) -> None:
+    """Pushes put objects under the remote's lfs.storage; downloads look there too (plain
+    git-lfs 3.3 looks in the default place and fails to clone)."""
+    url = make_origin(tmp_path, repo)
+    git(tmp_path / "origin.git", "config", "lfs.storage", str(tmp_path / "elsewhere"))
+    shas = history(repo)
+    git(repo, "push", "-q", "origin", "main", "feature")
+    assert not (tmp_path / "origin.git" / "lfs").exists()
+    clone(url, tmp_path / "copy")
+    git(tmp_path / "copy", "fetch", "-q", "origin", "feature:feature")
+    check_every_commit(tmp_path / "copy", shas)
+
+
 def test_lfs_server_round_trip_push_from_clone_and_pull(
     repo: Path, tmp_path: Path, server: LfsServer
 ) -> None:

@@ -19,6 +19,7 @@ from typing import BinaryIO
 from git_theta.errors import ObjectCorruptError, ObjectMissingError
 
 _counter = itertools.count()
+_COPY_CHUNK = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,33 @@ class ObjectStore:
             tmp.unlink(missing_ok=True)
             raise
         return ref
+
+    def copy_in(self, source: Path, ref: ObjectRef) -> bool:
+        """Copy the object ``ref`` from ``source`` (another repository's store) if its bytes
+        hash to ``ref``; return whether it is now here. A corrupt or absent source copies
+        nothing."""
+        tmp = self.tmp_dir() / f"theta-{os.getpid()}-{threading.get_ident()}-{next(_counter)}"
+        digest = hashlib.sha256()
+        size = 0
+        try:
+            with open(source, "rb") as src, open(tmp, "xb") as dst:
+                while chunk := src.read(_COPY_CHUNK):
+                    digest.update(chunk)
+                    dst.write(chunk)
+                    size += len(chunk)
+            if size != ref.size or digest.hexdigest() != ref.oid:
+                tmp.unlink()
+                return False
+            final = self.path(ref.oid)
+            final.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp, final)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            return False
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return True
 
     def open(self, ref: ObjectRef) -> BinaryIO:
         """Open the object for reading (unverified). Raises ObjectMissingError."""
