@@ -246,3 +246,26 @@ def test_non_utf8_file_names(repo: Path) -> None:
     (repo / name).unlink()
     git(repo, "checkout", "--", name)
     assert sha256(repo / name) == sha
+
+
+def test_filter_start_up_imports_stay_light() -> None:
+    """Every git command that touches a checkpoint starts the filter: what a dense
+    checkout imports must not include NumPy (0.12 s) or dataclasses (~20 ms with inspect),
+    and the handshake itself needs neither the manifest nor git-lfs transfer code."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\n"
+        "import git_theta.commands.cli, git_theta.commands.filter\n"
+        "print(sorted(m for m in ('git_theta.manifest', 'git_theta.transfer', 'argparse')"
+        " if m in sys.modules))\n"
+        "import git_theta.smudge, git_theta.codec, git_theta.hooks\n"
+        "from git_theta.updates import UPDATES\n"
+        "UPDATES.get('dense')\n"
+        "print(sorted(m for m in ('numpy', 'dataclasses', 'importlib.metadata')"
+        " if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["[]", "[]"]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING
 
 from git_theta import chains, codec
@@ -79,10 +78,12 @@ class _Reader:
         return rest
 
 
-@dataclass
 class _Job:
-    span: TensorSpan
-    data: bytearray
+    __slots__ = ("data", "span")
+
+    def __init__(self, span: TensorSpan, data: bytearray):
+        self.span = span
+        self.data = data
 
 
 def _check_spans(spans: list[TensorSpan], header_end: int) -> list[TensorSpan]:

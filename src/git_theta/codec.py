@@ -23,9 +23,8 @@ import struct
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
 from types import ModuleType
-from typing import cast
+from typing import NamedTuple, cast
 
 import zstandard
 from zlib_ng import zlib_ng as zlib  # bundled zlib-ng: faster Huffman, same output everywhere
@@ -119,12 +118,14 @@ def _unpack_plane(method: int, payload: bytes | memoryview, size: int) -> bytes 
     return out
 
 
-@dataclass(frozen=True)
-class Layout:
+class Layout(NamedTuple):
     """How to split a buffer into planes: word size in bytes and whether to rotate."""
 
     word: int = 1
     rotate: bool = False
+
+
+PLAIN = Layout()  # bytes as they are: no planes
 
 
 def _split_numpy(chunk: memoryview, layout: Layout) -> list[bytes]:
@@ -185,7 +186,7 @@ def _encode_chunk(chunk: memoryview, layout: Layout, level: int) -> bytes:
 
 def encode_stream(
     data: bytes | bytearray | memoryview,
-    layout: Layout = Layout(),
+    layout: Layout = PLAIN,
     level: int = 1,
     pool: Executor | None = None,
 ) -> Iterator[bytes]:
@@ -205,7 +206,7 @@ def encode_stream(
 
 def encode(
     data: bytes | bytearray | memoryview,
-    layout: Layout = Layout(),
+    layout: Layout = PLAIN,
     level: int = 1,
     pool: Executor | None = None,
 ) -> list[bytes]:

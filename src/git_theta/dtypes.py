@@ -7,11 +7,10 @@ own names onto these.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class DType:
+class DType(NamedTuple):
     name: str
     bits: int  # bits per element
     word: int  # bytes per float/int word whose bytes are grouped into planes (1 = no grouping)

@@ -45,10 +45,29 @@ def show_prefix(cwd: str | None = None) -> str:
     return git("rev-parse", "--show-prefix", cwd=cwd).decode().strip()
 
 
+_dirs: dict[tuple[str | None, str], tuple[Path, Path]] = {}
+
+
+def _repo_dirs(cwd: str | None) -> tuple[Path, Path]:
+    """(common dir, hooks dir), absolute, from one git call per process and directory:
+    every git command that touches a checkpoint pays for the filter's git calls."""
+    key = (cwd, os.getcwd())
+    if key not in _dirs:
+        out = git("rev-parse", "--path-format=absolute", "--git-common-dir",
+                  "--git-path", "hooks", cwd=cwd)  # fmt: skip
+        common, hooks = out.decode().splitlines()[:2]
+        _dirs[key] = (Path(common), Path(hooks))
+    return _dirs[key]
+
+
 def common_dir(cwd: str | None = None) -> Path:
     """Return the absolute git common directory (shared by all worktrees)."""
-    out = git("rev-parse", "--path-format=absolute", "--git-common-dir", cwd=cwd)
-    return Path(out.decode().strip())
+    return _repo_dirs(cwd)[0]
+
+
+def hooks_dir(cwd: str | None = None) -> Path:
+    """Return the directory git runs hooks from (honours core.hooksPath)."""
+    return _repo_dirs(cwd)[1]
 
 
 def config_get(key: str, cwd: str | None = None) -> str | None:
@@ -82,12 +101,6 @@ def lfs_storage_dir(cwd: str | None = None) -> Path:
         path = Path(os.path.expanduser(configured))
         return path if path.is_absolute() else base / path
     return base / "lfs"
-
-
-def git_path(name: str, cwd: str | None = None) -> Path:
-    """Return the absolute path git uses for ``name`` under the git dir (honours hooksPath)."""
-    out = git("rev-parse", "--path-format=absolute", "--git-path", name, cwd=cwd)
-    return Path(out.decode().strip())
 
 
 def tree_blobs(rev: str, cwd: str | None = None) -> list[tuple[str, str]]:

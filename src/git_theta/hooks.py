@@ -44,7 +44,7 @@ def install_hooks(cwd: str | None = None) -> Path:
     shared or tracked hooks directory), and ThetaError when a foreign hook is present
     and a chained one already exists, rather than lose either.
     """
-    hooks = git.git_path("hooks", cwd)
+    hooks = git.hooks_dir(cwd)
     if not hooks.resolve().is_relative_to(git.common_dir(cwd).resolve()):
         raise HooksElsewhereError(
             f"core.hooksPath is {hooks}, outside this repository; git-theta does not write "

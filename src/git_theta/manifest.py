@@ -11,8 +11,7 @@ gives equal bytes in any process, and diffs show one changed line per changed te
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from git_theta.errors import ManifestError
 from git_theta.store import ObjectRef
@@ -21,8 +20,7 @@ VERSION = 1
 PREFIX = b'{\n "git-theta": '
 
 
-@dataclass(frozen=True)
-class Link:
+class Link(NamedTuple):
     """One step of a tensor's chain: an object and the update type that applies it."""
 
     update: str
@@ -30,31 +28,28 @@ class Link:
     ref: ObjectRef
 
 
-@dataclass(frozen=True)
-class TensorEntry:
+class TensorEntry(NamedTuple):
     dtype: str
     shape: tuple[int, ...]
     hash: str  # blake3 of the tensor's exact bytes
     chain: tuple[Link, ...]
 
 
-@dataclass(frozen=True)
-class Glue:
+class Glue(NamedTuple):
     """The file's non-tensor bytes (headers, metadata, padding), stored as one object."""
 
     hash: str
     ref: ObjectRef
 
 
-@dataclass(frozen=True)
-class Manifest:
+class Manifest(NamedTuple):
     format: str
     size: int
     glue: Glue
     # The file is the concatenation of these: an int takes the next N bytes of glue,
     # a string is the named tensor's bytes.
     layout: tuple[int | str, ...]
-    tensors: dict[str, TensorEntry] = field(default_factory=dict)
+    tensors: dict[str, TensorEntry]
 
     def to_bytes(self) -> bytes:
         """Return the canonical serialization."""

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 from git_theta import git
-from git_theta.errors import ManifestError
-from git_theta.manifest import Manifest, is_manifest, parse
 from git_theta.store import ObjectStore
-from git_theta.transfer import Downloader
+
+if TYPE_CHECKING:  # imported where used: the filter answers git's handshake first
+    from git_theta.manifest import Manifest
+    from git_theta.transfer import Downloader
 
 
 class Repo:
@@ -23,6 +25,8 @@ class Repo:
 
     @cached_property
     def downloader(self) -> Downloader:
+        from git_theta.transfer import Downloader
+
         return Downloader(self.store, self.cwd)
 
     def close(self) -> None:
@@ -32,6 +36,9 @@ class Repo:
 
     def staged_manifest(self, path: str) -> Manifest | None:
         """Return the manifest staged for ``path``, or None when there is none to reuse."""
+        from git_theta.errors import ManifestError
+        from git_theta.manifest import is_manifest, parse
+
         blob = git.index_blob(path, self.cwd)
         if blob is None or not is_manifest(blob):
             return None

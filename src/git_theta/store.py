@@ -12,9 +12,8 @@ import itertools
 import os
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 from git_theta.errors import ObjectCorruptError, ObjectMissingError
 
@@ -22,8 +21,7 @@ _counter = itertools.count()
 _COPY_CHUNK = 8 << 20
 
 
-@dataclass(frozen=True)
-class ObjectRef:
+class ObjectRef(NamedTuple):
     """A stored object: its oid (sha256 hex) and byte size."""
 
     oid: str

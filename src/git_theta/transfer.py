@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-import urllib.parse
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO
 
@@ -73,6 +71,8 @@ def push(remote: str, refs: Iterable[ObjectRef], cwd: str | None = None) -> int:
 def local_remote_objects(cwd: str | None = None) -> Path | None:
     """The LFS object directory of git-lfs's download endpoint when that is a ``file://``
     repository on this machine; None otherwise (or when git-lfs cannot say)."""
+    import urllib.parse
+
     try:
         env = run("git", "lfs", "env", cwd=cwd).stdout.decode(errors="replace")
     except CommandError:
@@ -114,6 +114,8 @@ class Downloader:
         source = self._local
         if not isinstance(source, Path):
             return
+        from concurrent.futures import ThreadPoolExecutor
+
         refs = sorted(wanted.values(), key=lambda ref: -ref.size)  # big ones start first
 
         def copy(ref: ObjectRef) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -102,9 +103,16 @@ def main(argv: list[str] | None = None) -> int:
         try:
             from git_theta.commands.filter import filter_process
 
-            return filter_process()
+            code = filter_process()
         except Exception as exc:
-            return report(exc)
+            code = report(exc)
+        if argv is None:  # the real process, not a test calling main()
+            # Interpreter teardown (module finalisation, the warm-up thread) added 20-40 ms
+            # to every git command; every file has been answered and closed by now.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        return code
     args = _parser().parse_args(argv)
     try:
         if args.command == "install":

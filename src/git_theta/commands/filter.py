@@ -55,6 +55,7 @@ def filter_process() -> int:
         report(exc, path)
 
     repo = Repo()
+    hooks_done = threading.Event()
 
     def prepare() -> None:
         try:
@@ -63,19 +64,23 @@ def filter_process() -> int:
             pass  # said by `git theta install`/`track`; not on every git command
         except Exception as exc:  # a read-only hooks dir must not stop a checkout
             report(exc)
+        finally:
+            hooks_done.set()
         try:
-            repo.store  # noqa: B018 - resolves the store's directory (two git calls) early
+            repo.store  # noqa: B018 - resolves the store's directory (git calls) early
             for module in _WARM:
                 importlib.import_module(module)
         except Exception:
             pass  # only a warm-up: the handler meets the same error and reports it once
 
-    helper = threading.Thread(target=prepare, name="theta-prepare")
+    # A daemon: once the hook is written, what is left is warm-up that a short command
+    # (one small file) may not need, and the process must not wait for it to exit.
+    helper = threading.Thread(target=prepare, name="theta-prepare", daemon=True)
     helper.start()
     try:
         return serve(_handlers(repo), on_error)
     finally:
-        helper.join()
+        hooks_done.wait()
         repo.close()
 
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import BinaryIO, ClassVar
+from typing import BinaryIO, ClassVar, NamedTuple
 
 SNIFF_MAX = 4096  # the most bytes ``sniff`` is ever given (``head_size`` must not exceed it)
 
@@ -13,8 +12,7 @@ SNIFF_MAX = 4096  # the most bytes ``sniff`` is ever given (``head_size`` must n
 ReadExact = Callable[[int], bytes]
 
 
-@dataclass(frozen=True)
-class TensorSpan:
+class TensorSpan(NamedTuple):
     """Where one tensor's bytes lie in the file (absolute offsets, end exclusive)."""
 
     name: str
