@@ -10,10 +10,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import git, sha256
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from st_files import st_bytes, st_from_arrays
 
+from git_theta import codec
 from git_theta.updates import UPDATES
-from git_theta.updates.factored import Factor, Inputs, LowRank
+from git_theta.updates.factored import (
+    _CODES,
+    Factor,
+    Inputs,
+    LowRank,
+    reproduce,
+    reproduce_numpy,
+)
 
 RNG = np.random.default_rng(21)
 W = {
@@ -184,3 +194,84 @@ def test_filter_repo_rewrite_of_sparse_low_rank_and_dense_history(
         git(repo, "checkout", "--", "models/m.safetensors")
         assert sha256(repo / "models" / "m.safetensors") == sha, back
         assert git(repo, "status", "--porcelain").stdout == b""
+
+
+_NP = {"F64": "<f8", "F32": "<f4", "F16": "<f2"}
+_SPECIAL = [np.inf, -np.inf, 0.0, -0.0, 5e-324, 1e-310, 6.1e-5, 65504.0, 70000.0, 3.4e38, 1e300]
+
+
+def _floats(data: st.DataObject, n: int, dtype: str) -> bytes:
+    values = np.array(
+        data.draw(
+            st.lists(
+                st.one_of(st.floats(-1e6, 1e6, width=64), st.sampled_from(_SPECIAL)),
+                min_size=n,
+                max_size=n,
+            )
+        )
+    )
+    with np.errstate(over="ignore"):
+        if dtype == "BF16":  # truncate a float32 to its top half
+            return (values.astype("<f4").view("<u4") >> 16).astype("<u2").tobytes()
+        return values.astype(_NP[dtype]).tobytes()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    dtype=st.sampled_from(["F64", "F32", "BF16"]),
+    fdtypes=st.tuples(*[st.sampled_from(["F64", "F32", "F16", "BF16"])] * 2),
+    shape=st.tuples(st.integers(1, 7), st.integers(1, 7), st.integers(1, 4)),
+    scale=st.sampled_from([1.0, 0.5, -3.7, 1e-3, 2.0**-20]),
+    ia3=st.booleans(),
+    data=st.data(),
+)
+def test_c_reproduction_is_bit_identical_to_the_numpy_definition(
+    dtype: str,
+    fdtypes: tuple[str, str],
+    shape: tuple[int, int, int],
+    scale: float,
+    ia3: bool,
+    data: st.DataObject,
+) -> None:
+    """The C kernel rebuilds low-rank and ia3 values without NumPy; a single differing
+    bit would make every checkout of such a commit fail its hash check."""
+    rows, cols, rank = shape
+    prev = _floats(data, rows * cols, dtype)
+    if ia3:
+        n = data.draw(st.sampled_from([rows, cols]))
+        inputs = Inputs("ia3", (Factor(fdtypes[0], (n,), _floats(data, n, fdtypes[0])),))
+    else:
+        r = Factor(fdtypes[0], (rows, rank), _floats(data, rows * rank, fdtypes[0]))
+        c = Factor(fdtypes[1], (rank, cols), _floats(data, rank * cols, fdtypes[1]))
+        inputs = Inputs("low-rank", (r, c), scale)
+    with np.errstate(all="ignore"):
+        want = reproduce_numpy(prev, dtype, (rows, cols), inputs)
+    assert codec._native is not None
+    if ia3:
+        got = codec._native.factored(
+            prev, _CODES[dtype], rows, cols, inputs.factors[0].raw, _CODES[fdtypes[0]], b"", 0,
+            0, 1.0,
+        )  # fmt: skip
+    else:
+        got = codec._native.factored(
+            prev, _CODES[dtype], rows, cols, r.raw, _CODES[fdtypes[0]], c.raw,
+            _CODES[fdtypes[1]], rank, scale,
+        )  # fmt: skip
+    assert got is not None  # no NaN was drawn: the kernel must not fall back
+    assert got == want
+    assert reproduce(prev, dtype, (rows, cols), inputs) == want
+
+
+def test_c_reproduction_leaves_nan_and_f16_to_numpy() -> None:
+    assert codec._native is not None
+    one = np.ones(4, "<f4").tobytes()
+    nan = np.array([1.0, np.nan, 1.0, 1.0], "<f4").tobytes()
+    vec = np.ones(2, "<f4").tobytes()
+    assert codec._native.factored(nan, 1, 2, 2, vec, 1, b"", 0, 0, 1.0) is None
+    assert codec._native.factored(one, 1, 2, 2, nan[:8], 1, b"", 0, 0, 1.0) is None
+    half = np.ones(4, "<f2").tobytes()
+    assert codec._native.factored(half, 2, 2, 2, vec, 1, b"", 0, 0, 1.0) is None
+    inputs = Inputs("ia3", (Factor("F32", (2,), nan[4:12]),))
+    assert reproduce(one, "F32", (2, 2), inputs) == reproduce_numpy(one, "F32", (2, 2), inputs)
+    with pytest.raises(ValueError, match="do not fit"):
+        codec._native.factored(one, 1, 2, 2, np.ones(3, "<f4").tobytes(), 1, b"", 0, 0, 1.0)

@@ -249,9 +249,10 @@ def test_non_utf8_file_names(repo: Path) -> None:
 
 
 def test_filter_start_up_imports_stay_light() -> None:
-    """Every git command that touches a checkpoint starts the filter: what a dense
-    checkout imports must not include NumPy (0.12 s) or dataclasses (~20 ms with inspect),
-    and the handshake itself needs neither the manifest nor git-lfs transfer code."""
+    """Every git command that touches a checkpoint starts the filter: what a checkout
+    imports (for chains of any update type, through the C kernel) must not include NumPy
+    (0.12 s) or dataclasses (~20 ms with inspect), and the handshake itself needs neither
+    the manifest nor git-lfs transfer code."""
     import subprocess
     import sys
 
@@ -262,7 +263,7 @@ def test_filter_start_up_imports_stay_light() -> None:
         " if m in sys.modules))\n"
         "import git_theta.smudge, git_theta.codec, git_theta.hooks\n"
         "from git_theta.updates import UPDATES\n"
-        "UPDATES.get('dense')\n"
+        "[UPDATES.get(k) for k in ('dense', 'sparse', 'delta', 'low-rank', 'ia3')]\n"
         "print(sorted(m for m in ('numpy', 'dataclasses', 'importlib.metadata')"
         " if m in sys.modules))\n"
     )

@@ -432,6 +432,130 @@ done:
     return result;
 }
 
+
+/* --- low-rank and ia3 reproduction --------------------------------------------------
+ * The NumPy definition (updates/factored.py, `reproduce`) is the reference: values are
+ * widened to float64, the change is summed one rank at a time starting from +0.0, then
+ * base + scale * change is rounded to the tensor's dtype. The same IEEE operations in the
+ * same order give the same bits (setup.py builds with -ffp-contract=off, so no fused
+ * multiply-add). Any NaN among the inputs returns None and the NumPy path runs instead:
+ * which NaN payload survives an operation is not worth reproducing. */
+
+enum { F64 = 0, F32 = 1, F16 = 2, BF16 = 3 };
+
+static int float_size(int code) { return code == F64 ? 8 : code == F32 ? 4 : 2; }
+
+static double half_to_double(uint16_t h) {
+    int exp = (h >> 10) & 0x1f;
+    double mant = (double)(h & 0x3ff);
+    double v = exp == 0 ? ldexp(mant, -24) : exp == 31 ? (mant != 0 ? NAN : INFINITY)
+                                                        : ldexp(mant + 1024.0, exp - 25);
+    return (h & 0x8000) ? -v : v;
+}
+
+static double load_double(const unsigned char *p, Py_ssize_t i, int code) {
+    switch (code) {
+    case F64: { double d; memcpy(&d, p + 8 * i, 8); return d; }
+    case F32: { float f; memcpy(&f, p + 4 * i, 4); return (double)f; }
+    case F16: { uint16_t h; memcpy(&h, p + 2 * i, 2); return half_to_double(h); }
+    default: {
+        uint16_t h; memcpy(&h, p + 2 * i, 2);
+        uint32_t bits = (uint32_t)h << 16; float f; memcpy(&f, &bits, 4);
+        return (double)f;
+    }
+    }
+}
+
+/* Widen n values to float64; 0 when one is NaN (or on allocation failure, with error). */
+static double *widen_all(const unsigned char *p, Py_ssize_t n, int code, int *nan) {
+    double *out = PyMem_RawMalloc((size_t)(n > 0 ? n : 1) * sizeof(double));
+    if (out == NULL) { PyErr_NoMemory(); return NULL; }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        out[i] = load_double(p, i, code);
+        if (isnan(out[i])) *nan = 1;
+    }
+    return out;
+}
+
+static void store_rounded(unsigned char *p, Py_ssize_t i, double v, int code) {
+    if (code == F64) { memcpy(p + 8 * i, &v, 8); return; }
+    float f = (float)v;
+    uint32_t bits; memcpy(&bits, &f, 4);
+    if (code == F32) { memcpy(p + 4 * i, &bits, 4); return; }
+    uint16_t h = (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16); /* BF16, RNE */
+    memcpy(p + 2 * i, &h, 2);
+}
+
+/* factored(prev, code, rows, cols, a, acode, b, bcode, rank, scale) -> bytes or None.
+ * rank > 0: low-rank, a is R (rows x rank), b is C (rank x cols), value + scale * R @ C.
+ * rank == 0: ia3, a is a vector of rows or cols scales (b unused), value * vector. */
+static PyObject *factored(PyObject *self, PyObject *args) {
+    Py_buffer prev, a, b;
+    int code, acode, bcode;
+    Py_ssize_t rows, cols, rank;
+    double scale;
+    if (!PyArg_ParseTuple(args, "y*inny*iy*ind", &prev, &code, &rows, &cols, &a, &acode, &b,
+                          &bcode, &rank, &scale))
+        return NULL;
+    PyObject *result = NULL;
+    double *va = NULL, *vb = NULL;
+    int nan = 0;
+    if (code < F64 || code > BF16 || acode < F64 || acode > BF16 || bcode < F64 ||
+        bcode > BF16 || rows < 0 || cols < 0 || rank < 0 ||
+        prev.len != rows * cols * float_size(code)) {
+        PyErr_SetString(PyExc_ValueError, "factored: bad dtype code or sizes");
+        goto done;
+    }
+    if (a.len % float_size(acode) || (rank && b.len % float_size(bcode))) {
+        PyErr_SetString(PyExc_ValueError, "factored: factors are not whole values");
+        goto done;
+    }
+    Py_ssize_t na = a.len / float_size(acode), nb = rank ? b.len / float_size(bcode) : 0;
+    if (rank ? (na != rows * rank || nb != rank * cols) : (na != rows && na != cols)) {
+        PyErr_SetString(PyExc_ValueError, "factored: factor sizes do not fit the tensor");
+        goto done;
+    }
+    if (code == F16) { result = Py_None; Py_INCREF(result); goto done; } /* NumPy rounds */
+    va = widen_all(a.buf, na, acode, &nan);
+    vb = va ? widen_all(b.buf, nb, bcode, &nan) : NULL;
+    if (vb == NULL) goto done;
+    if (nan) { result = Py_None; Py_INCREF(result); goto done; }
+    result = PyBytes_FromStringAndSize(NULL, prev.len);
+    if (result == NULL) goto done;
+    unsigned char *out = (unsigned char *)PyBytes_AS_STRING(result);
+    const unsigned char *pp = prev.buf;
+    int by_row = na == rows;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < rows && !nan; i++) {
+        for (Py_ssize_t j = 0; j < cols; j++) {
+            double base = load_double(pp, i * cols + j, code);
+            if (isnan(base)) { nan = 1; break; }
+            double v;
+            if (rank) {
+                double change = 0.0;
+                for (Py_ssize_t k = 0; k < rank; k++) change += va[i * rank + k] * vb[k * cols + j];
+                v = base + scale * change;
+            } else {
+                v = base * va[by_row ? i : j];
+            }
+            store_rounded(out, i * cols + j, v, code);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (nan) {
+        Py_DECREF(result);
+        result = Py_None;
+        Py_INCREF(result);
+    }
+done:
+    PyMem_RawFree(va);
+    PyMem_RawFree(vb);
+    PyBuffer_Release(&prev);
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&b);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"split", split, METH_VARARGS, "split(data, word, rotate) -> planes, most significant byte first"},
     {"join", join, METH_VARARGS, "join(out, planes, word, rotate): inverse of split, into out"},
@@ -441,6 +565,7 @@ static PyMethodDef methods[] = {
     {"empty", empty, METH_VARARGS, "empty(n) -> bytearray of n uninitialised bytes"},
     {"zigzag", zigzag, METH_VARARGS, "zigzag(new, old, word) -> folded wrapping differences"},
     {"unzigzag_add", unzigzag_add, METH_VARARGS, "unzigzag_add(value, z, word): value += unfold(z)"},
+    {"factored", factored, METH_VARARGS, "factored(prev, code, rows, cols, a, acode, b, bcode, rank, scale) -> bytes or None"},
     {NULL, NULL, 0, NULL},
 };
 

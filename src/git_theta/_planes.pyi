@@ -10,3 +10,16 @@ def unzigzag_add(value: Buffer, z: Buffer, word: int, /) -> None: ...
 def empty(n: int, /) -> bytearray: ...
 def scatter(value: Buffer, gaps: Buffer, values: Buffer, size: int, /) -> None: ...
 def diff_stats(old: Buffer, new: Buffer, kind: int, /) -> tuple[int, float, float, float]: ...
+def factored(
+    prev: Buffer,
+    code: int,
+    rows: int,
+    cols: int,
+    a: Buffer,
+    acode: int,
+    b: Buffer,
+    bcode: int,
+    rank: int,
+    scale: float,
+    /,
+) -> bytes | None: ...

@@ -19,38 +19,38 @@ import math
 import struct
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING, NamedTuple
 
 from git_theta import codec
 from git_theta.errors import ObjectCorruptError, UsageError
 from git_theta.updates.base import Buffer, UpdateType
 from git_theta.updates.delta import _UNSIGNED, _size, _unzigzag, _zigzag
 from git_theta.updates.layout import layout_for
-from git_theta.values import as_float64
+
+if TYPE_CHECKING:  # NumPy loads when needed: a checkout through the C kernel never does
+    import numpy as np
 
 MAGIC = b"GTFX"
 _LEN = struct.Struct("<I")
 FLOATS = ("F64", "F32", "F16", "BF16")
 
 
-@dataclass(frozen=True)
-class Factor:
+class Factor(NamedTuple):
     dtype: str
     shape: tuple[int, ...]
     raw: bytes  # as given, stored as is
 
     def values(self) -> np.ndarray:
+        from git_theta.values import as_float64
+
         out = as_float64(self.raw, self.dtype)
         if out is None:
             raise UsageError(f"factors of dtype {self.dtype} are not supported")
         return out.reshape(self.shape)
 
 
-@dataclass(frozen=True)
-class Inputs:
+class Inputs(NamedTuple):
     kind: str  # "low-rank" or "ia3"
     factors: tuple[Factor, ...]  # (R, C) or (vector,)
     scale: float = 1.0
@@ -58,6 +58,8 @@ class Inputs:
 
 def _to_dtype(values: np.ndarray, dtype: str) -> bytes:
     """Round float64 values to ``dtype`` (round to nearest even), deterministically."""
+    import numpy as np
+
     if dtype == "F64":
         return values.astype("<f8").tobytes()
     if dtype == "F16":
@@ -69,8 +71,48 @@ def _to_dtype(values: np.ndarray, dtype: str) -> bytes:
     return rounded.astype("<u2").tobytes()
 
 
+_CODES = {"F64": 0, "F32": 1, "F16": 2, "BF16": 3}  # _planes.factored's dtype codes
+
+
 def reproduce(prev: Buffer, dtype: str, shape: tuple[int, ...], inputs: Inputs) -> bytes | None:
-    """The new value the factors describe, or None when they do not fit the tensor."""
+    """The new value the factors describe, or None when they do not fit the tensor.
+
+    The C kernel computes it where it can (float dtypes, no NaN among the inputs), with
+    the same operations in the same order as ``reproduce_numpy``, the definition.
+    """
+    native = codec._native
+    if native is not None and len(shape) == 2 and dtype in _CODES:
+        codes = [_CODES.get(f.dtype) for f in inputs.factors]
+        rows, cols = shape
+        a = inputs.factors[0]
+        guess: bytes | None = None
+        try:
+            if inputs.kind == "low-rank" and len(a.shape) == 2 and a.shape[1] > 0:
+                b = inputs.factors[1]
+                if None not in codes and len(b.shape) == 2:
+                    guess = native.factored(
+                        prev, _CODES[dtype], rows, cols, a.raw, codes[0], b.raw, codes[1],
+                        a.shape[1], inputs.scale,
+                    )  # fmt: skip
+            elif inputs.kind == "ia3" and codes[0] is not None:
+                guess = native.factored(
+                    prev, _CODES[dtype], rows, cols, a.raw, codes[0], b"", 0, 0, 1.0
+                )
+        except ValueError:
+            pass  # shapes that do not fit: the definition decides what that means
+        if guess is not None:
+            return guess
+    return reproduce_numpy(prev, dtype, shape, inputs)
+
+
+def reproduce_numpy(
+    prev: Buffer, dtype: str, shape: tuple[int, ...], inputs: Inputs
+) -> bytes | None:
+    """The definition of ``reproduce``, in NumPy float64."""
+    import numpy as np
+
+    from git_theta.values import as_float64
+
     base = as_float64(prev, dtype)
     if base is None or len(shape) != 2:
         return None
@@ -184,10 +226,18 @@ class Factored(UpdateType):
         if guess is None or len(guess) != len(correction):
             raise ObjectCorruptError(f"{self.kind} update does not fit the previous value")
         size = _size(dtype)
+        if codec._native is not None:
+            value = bytearray(guess)
+            codec._native.unzigzag_add(value, correction, size)
+            return value
+        import numpy as np
+
         return _unzigzag(np.frombuffer(correction, dtype=_UNSIGNED[size]), guess, size)
 
 
 def _summary(kind: str, payload: bytes) -> str:
+    import numpy as np
+
     (length,) = _LEN.unpack_from(payload, 4)
     header = json.loads(payload[8 : 8 + length])
     pos = 8 + length
@@ -207,6 +257,10 @@ def _summary(kind: str, payload: bytes) -> str:
 
 
 def _max_error(new: Buffer, guess: bytes, dtype: str) -> float:
+    import numpy as np
+
+    from git_theta.values import as_float64
+
     a, b = as_float64(new, dtype), as_float64(guess, dtype)
     if a is None or b is None:
         return math.nan
