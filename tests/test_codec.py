@@ -207,6 +207,33 @@ def test_c_kernel_sparse_scatter_matches_numpy(size: int, data: st.DataObject) -
         codec._native.scatter(value, big, bytes(2 * size), size)
 
 
+@settings(max_examples=80, deadline=None)
+@given(size=st.sampled_from([1, 2, 3, 4, 8, 16]), data=st.data())
+def test_c_kernel_finds_the_same_changed_elements_as_numpy(size: int, data: st.DataObject) -> None:
+    """auto counts changed elements and sparse stores them without NumPy at add time."""
+    from git_theta.updates.sparse import _elements
+
+    assert codec._native is not None
+    n = data.draw(st.integers(0, 300))
+    old = data.draw(st.binary(min_size=n * size, max_size=n * size))
+    flips = data.draw(st.sets(st.integers(0, max(0, n * size - 1)), max_size=n * size))
+    new = bytearray(old)
+    for i in flips:
+        if i < len(new):
+            new[i] ^= 1 + (i % 255)
+    a, b = _elements(old, size), _elements(bytes(new), size)
+    where = np.flatnonzero(a != b).astype(np.uint64)
+    assert codec._native.count_changed(old, new, size) == len(where)
+    gaps, values = codec._native.sparse_diff(old, new, size)
+    assert gaps == np.diff(where, prepend=np.uint64(0)).astype("<u8").tobytes()
+    assert values == b[where.astype(np.intp)].tobytes()
+    restored = bytearray(old)
+    codec._native.scatter(restored, gaps, values, size)
+    assert restored == new
+    with pytest.raises(ValueError, match="not whole elements"):
+        codec._native.count_changed(b"abc", b"abd", 2)
+
+
 @settings(max_examples=60, deadline=None)
 @given(dtype=st.sampled_from(["F32", "F64", "F16", "BF16"]), data=st.data())
 def test_c_diff_stats_match_the_numpy_summary(dtype: str, data: st.DataObject) -> None:

@@ -579,6 +579,95 @@ done:
     return result;
 }
 
+
+/* --- sparse changes: which elements differ, bit for bit --------------------------- */
+
+static Py_ssize_t count_changed_n(const unsigned char *a, const unsigned char *b,
+                                  Py_ssize_t n, Py_ssize_t size) {
+    Py_ssize_t changed = 0;
+#define COUNT_FIXED(T)                                                                  \
+    for (Py_ssize_t i = 0; i < n; i++) {                                                \
+        T x, y;                                                                         \
+        memcpy(&x, a + i * sizeof(T), sizeof(T));                                       \
+        memcpy(&y, b + i * sizeof(T), sizeof(T));                                       \
+        changed += x != y;                                                              \
+    }
+    switch (size) {
+    case 1: COUNT_FIXED(uint8_t) break;
+    case 2: COUNT_FIXED(uint16_t) break;
+    case 4: COUNT_FIXED(uint32_t) break;
+    case 8: COUNT_FIXED(uint64_t) break;
+    default:
+        for (Py_ssize_t i = 0; i < n; i++) changed += memcmp(a + i * size, b + i * size, (size_t)size) != 0;
+    }
+#undef COUNT_FIXED
+    return changed;
+}
+
+static int same_elements(Py_buffer *a, Py_buffer *b, Py_ssize_t size) {
+    if (size < 1 || a->len != b->len || a->len % size) {
+        PyErr_SetString(PyExc_ValueError, "values differ in length or are not whole elements");
+        return 0;
+    }
+    return 1;
+}
+
+/* count_changed(old, new, size) -> how many elements' bytes differ. */
+static PyObject *count_changed(PyObject *self, PyObject *args) {
+    Py_buffer a, b;
+    Py_ssize_t size, changed = 0;
+    if (!PyArg_ParseTuple(args, "y*y*n", &a, &b, &size)) return NULL;
+    PyObject *result = NULL;
+    if (same_elements(&a, &b, size)) {
+        Py_BEGIN_ALLOW_THREADS
+        changed = count_changed_n(a.buf, b.buf, a.len / size, size);
+        Py_END_ALLOW_THREADS
+        result = PyLong_FromSsize_t(changed);
+    }
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&b);
+    return result;
+}
+
+/* sparse_diff(old, new, size) -> (gaps, values): for each element whose bytes differ, the
+ * distance from the previous such element (from 0 for the first) as u64 LE, and its new
+ * bytes. What sparse.py stores, without NumPy. */
+static PyObject *sparse_diff(PyObject *self, PyObject *args) {
+    Py_buffer a, b;
+    Py_ssize_t size;
+    if (!PyArg_ParseTuple(args, "y*y*n", &a, &b, &size)) return NULL;
+    PyObject *gaps = NULL, *values = NULL, *result = NULL;
+    if (!same_elements(&a, &b, size)) goto done;
+    Py_ssize_t n = a.len / size, changed;
+    const unsigned char *pa = a.buf, *pb = b.buf;
+    Py_BEGIN_ALLOW_THREADS
+    changed = count_changed_n(pa, pb, n, size);
+    Py_END_ALLOW_THREADS
+    gaps = PyBytes_FromStringAndSize(NULL, changed * 8);
+    values = PyBytes_FromStringAndSize(NULL, changed * size);
+    if (gaps == NULL || values == NULL) goto done;
+    unsigned char *pg = (unsigned char *)PyBytes_AS_STRING(gaps);
+    unsigned char *px = (unsigned char *)PyBytes_AS_STRING(values);
+    Py_BEGIN_ALLOW_THREADS
+    uint64_t last = 0;
+    for (Py_ssize_t i = 0, k = 0; i < n && k < changed; i++) {
+        if (memcmp(pa + i * size, pb + i * size, (size_t)size) == 0) continue;
+        uint64_t gap = LE_8((uint64_t)i - last);
+        memcpy(pg + k * 8, &gap, 8);
+        memcpy(px + k * size, pb + i * size, (size_t)size);
+        last = (uint64_t)i;
+        k++;
+    }
+    Py_END_ALLOW_THREADS
+    result = PyTuple_Pack(2, gaps, values);
+done:
+    Py_XDECREF(gaps);
+    Py_XDECREF(values);
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&b);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"split", split, METH_VARARGS, "split(data, word, rotate) -> planes, most significant byte first"},
     {"join", join, METH_VARARGS, "join(out, planes, word, rotate): inverse of split, into out"},
@@ -588,6 +677,8 @@ static PyMethodDef methods[] = {
     {"empty", empty, METH_VARARGS, "empty(n) -> bytearray of n uninitialised bytes"},
     {"zigzag", zigzag, METH_VARARGS, "zigzag(new, old, word) -> folded wrapping differences"},
     {"unzigzag_add", unzigzag_add, METH_VARARGS, "unzigzag_add(value, z, word): value += unfold(z)"},
+    {"count_changed", count_changed, METH_VARARGS, "count_changed(old, new, size) -> elements whose bytes differ"},
+    {"sparse_diff", sparse_diff, METH_VARARGS, "sparse_diff(old, new, size) -> (u64 gaps, new bytes) of changed elements"},
     {"factored", factored, METH_VARARGS, "factored(prev, code, rows, cols, a, acode, b, bcode, rank, scale) -> bytes or None"},
     {NULL, NULL, 0, NULL},
 };

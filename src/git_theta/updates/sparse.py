@@ -37,15 +37,20 @@ class Sparse(UpdateType):
     def encode(self, new: Buffer, prev: Buffer | None, dtype: str) -> list[bytes] | None:
         if prev is None or len(prev) != len(new):
             return None
-        import numpy as np
-
         size = itemsize(dtype)
-        a, b = _elements(prev, size), _elements(new, size)
-        where = np.flatnonzero(a != b).astype(np.uint64)
-        gaps = np.diff(where, prepend=np.uint64(0)).astype("<u8")
-        positions = b"".join(codec.encode(gaps.tobytes(), codec.Layout(8)))
-        values = codec.encode(b[where.astype(np.intp)].tobytes(), layout_for(dtype))
-        return [_HEAD.pack(MAGIC, size, len(where), len(positions)), positions, *values]
+        if codec._native is not None:
+            gaps, changed = codec._native.sparse_diff(prev, new, size)
+        else:
+            import numpy as np
+
+            a, b = _elements(prev, size), _elements(new, size)
+            where = np.flatnonzero(a != b).astype(np.uint64)
+            gaps = np.diff(where, prepend=np.uint64(0)).astype("<u8").tobytes()
+            changed = b[where.astype(np.intp)].tobytes()
+        positions = b"".join(codec.encode(gaps, codec.Layout(8)))
+        values = codec.encode(changed, layout_for(dtype))
+        count = len(gaps) // 8
+        return [_HEAD.pack(MAGIC, size, count, len(positions)), positions, *values]
 
     def apply(self, prev: bytearray | None, payload: bytes, dtype: str) -> bytearray:
         if prev is None:
