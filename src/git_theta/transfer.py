@@ -8,8 +8,8 @@ no fetch-by-oid command, so downloads speak git's filter protocol to one
 When git-lfs's endpoint is a ``file://`` URL, objects are first copied straight from that
 repository's LFS store, several at once and hash-checked: git-lfs moves such objects one at
 a time through a helper process, ~5 ms each, which dominated clones of many-tensor models.
-Whatever that misses (a custom ``lfs.storage`` there, a corrupt copy) still goes through
-git-lfs, so it is a shortcut, never a second code path with its own failure modes.
+Whatever that misses (an object it lacks, a corrupt copy) still goes through git-lfs, so
+it is a shortcut, never a second code path with its own failure modes.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from typing import TYPE_CHECKING
@@ -107,10 +108,11 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:
             code = report(exc)
         if argv is None:  # the real process, not a test calling main()
-            # Interpreter teardown (module finalisation, the warm-up thread) added 20-40 ms
+            # Interpreter teardown (module finalisation, the helper thread) added 20-40 ms
             # to every git command; every file has been answered and closed by now.
-            sys.stdout.flush()
-            sys.stderr.flush()
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(OSError, ValueError):  # git closed it already
+                    stream.flush()
             os._exit(code)
         return code
     args = _parser().parse_args(argv)
