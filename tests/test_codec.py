@@ -234,6 +234,59 @@ def test_c_kernel_finds_the_same_changed_elements_as_numpy(size: int, data: st.D
         codec._native.count_changed(b"abc", b"abd", 2)
 
 
+def _huffman_only(raw: bytes, strategy: int) -> bytes:
+    from zlib_ng import zlib_ng
+
+    comp = zlib_ng.compressobj(1, zlib_ng.DEFLATED, -15, 9, strategy)
+    return bytes(comp.compress(raw) + comp.flush())
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    skew=st.floats(0.05, 1.0),
+    n=st.integers(0, 200_000),
+    matches=st.booleans(),
+    flip=st.integers(0, 10**9),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_c_huffman_inflate_gives_zlibs_bytes_or_defers_to_it(
+    skew: float, n: int, matches: bool, flip: int, seed: int
+) -> None:
+    """The table-driven inflate takes literal-only streams (what Z_HUFFMAN_ONLY writes);
+    whatever else it meets, including damage, it returns None and zlib decides."""
+    from zlib_ng import zlib_ng
+
+    assert codec._native is not None
+    rng = np.random.default_rng(seed)
+    raw = np.minimum(rng.geometric(skew, n), 255).astype(np.uint8).tobytes()
+    strategy = zlib_ng.Z_DEFAULT_STRATEGY if matches else zlib_ng.Z_HUFFMAN_ONLY
+    payload = _huffman_only(raw, strategy)
+    got = codec._native.inflate_literals(payload, n)
+    if not matches:
+        assert got == raw  # what the codec writes is always taken
+    else:
+        assert got in (None, raw)
+    assert codec._native.inflate_literals(payload, n + 1) is None
+    if payload:
+        damaged = bytearray(payload)
+        damaged[flip % len(damaged)] ^= 1 << (flip % 8)
+        got = codec._native.inflate_literals(bytes(damaged), n)
+        if got is not None:  # then zlib must agree to the byte
+            assert got == zlib_ng.decompressobj(-15).decompress(bytes(damaged), n)
+
+
+def test_c_huffman_inflate_defers_stored_blocks_and_garbage() -> None:
+    assert codec._native is not None
+    raw = bytes(range(256)) * 64  # incompressible: zlib stores it
+    assert codec._native.inflate_literals(_huffman_only(raw, 2), len(raw)) is None
+    assert codec._native.inflate_literals(b"\xff" * 64, 100) is None
+    assert codec._native.inflate_literals(b"", 0) is None
+    weights = np.random.default_rng(0).standard_normal(300_000).astype("<f4").tobytes()
+    obj = b"".join(codec.encode(weights, codec.Layout(4, True)))
+    assert obj[codec._HEAD.size] == codec.HUFFMAN  # the exponent plane, decoded in C
+    assert codec.decode(obj) == weights
+
+
 @settings(max_examples=60, deadline=None)
 @given(dtype=st.sampled_from(["F32", "F64", "F16", "BF16"]), data=st.data())
 def test_c_diff_stats_match_the_numpy_summary(dtype: str, data: st.DataObject) -> None:

@@ -668,6 +668,273 @@ done:
     return result;
 }
 
+
+/* --- Huffman-only inflate ------------------------------------------------------------
+ * The codec stores exponent-like planes as raw deflate made with Z_HUFFMAN_ONLY: dynamic
+ * Huffman blocks of literals and end-of-block, no matches. zlib inflates those one symbol
+ * per table lookup (~0.35 GB/s here). At ~2.7 bits per symbol, an 11-bit lookup holds
+ * three or four whole codes, so this decoder's table gives up to four literals per lookup.
+ * Anything else a valid deflate stream may hold (stored blocks, matches, damaged data)
+ * returns None and the caller lets zlib decode it: this is a fast path, not a second
+ * definition of the format. */
+
+#ifndef LUT
+#define LUT 10
+#endif
+#define LUT_SIZE (1u << LUT)
+#define MAXBITS 15
+
+typedef struct {
+    const unsigned char *p, *end;
+    uint64_t buf;
+    unsigned n;  /* valid bits in buf */
+    size_t over; /* zero bytes fed in past the end of the input */
+} bits_t;
+
+static inline void refill(bits_t *b) {
+    if (b->end - b->p >= 8) {
+        uint64_t v;
+        memcpy(&v, b->p, 8);
+        b->buf |= LE_8(v) << b->n;
+        b->p += (63 - b->n) >> 3;
+        b->n |= 56;
+    } else {
+        while (b->n <= 56) {
+            uint64_t byte = 0;
+            if (b->p < b->end) byte = *b->p++;
+            else b->over++;
+            b->buf |= byte << b->n;
+            b->n += 8;
+        }
+    }
+}
+
+/* True once a bit past the end of the input was consumed (a truncated or damaged stream). */
+static inline int overrun(const bits_t *b) { return b->over * 8 > b->n; }
+
+static inline uint32_t take(bits_t *b, unsigned k) {
+    if (b->n < k) refill(b);
+    uint32_t v = (uint32_t)(b->buf & ((1u << k) - 1));
+    b->buf >>= k;
+    b->n -= k;
+    return v;
+}
+
+typedef struct {
+    uint16_t count[MAXBITS + 1]; /* codes of each length */
+    uint16_t symbol[288];        /* symbols in canonical order */
+    uint16_t single[LUT_SIZE];   /* (symbol << 4) | length for codes <= LUT bits, else 0 */
+} huff_t;
+
+/* Canonical code from lengths; 0 unless the code is complete (zlib rejects most
+ * incomplete codes; any such stream goes to zlib, which decides). */
+static int huff_build(huff_t *h, const unsigned char *lens, int n) {
+    uint16_t offs[MAXBITS + 2];
+    memset(h->count, 0, sizeof h->count);
+    for (int s = 0; s < n; s++) h->count[lens[s]]++;
+    h->count[0] = 0;
+    int left = 1;
+    for (int len = 1; len <= MAXBITS; len++) {
+        left = (left << 1) - h->count[len];
+        if (left < 0) return 0;
+    }
+    if (left != 0) return 0;
+    offs[1] = 0;
+    for (int len = 1; len <= MAXBITS; len++) offs[len + 1] = (uint16_t)(offs[len] + h->count[len]);
+    for (int s = 0; s < n; s++)
+        if (lens[s]) h->symbol[offs[lens[s]]++] = (uint16_t)s;
+    memset(h->single, 0, sizeof h->single);
+    uint32_t code = 0;
+    int k = 0;
+    for (int len = 1; len <= LUT; len++) {
+        for (int i = 0; i < h->count[len]; i++, k++, code++) {
+            uint32_t rev = 0; /* deflate sends codes most significant bit first */
+            for (int j = 0; j < len; j++) rev |= ((code >> j) & 1u) << (len - 1 - j);
+            for (uint32_t x = rev; x < LUT_SIZE; x += 1u << len)
+                h->single[x] = (uint16_t)((h->symbol[k] << 4) | len);
+        }
+        code <<= 1;
+    }
+    return 1;
+}
+
+/* One symbol, however long its code; -1 for a code no symbol has. */
+static int huff_decode(const huff_t *h, bits_t *b) {
+    if (b->n < MAXBITS) refill(b);
+    uint16_t e = h->single[b->buf & (LUT_SIZE - 1)];
+    if (e) {
+        b->buf >>= e & 15;
+        b->n -= e & 15;
+        return e >> 4;
+    }
+    int code = 0, first = 0, index = 0;
+    for (int len = 1; len <= MAXBITS; len++) {
+        code |= (int)(b->buf & 1);
+        b->buf >>= 1;
+        b->n--;
+        int count = h->count[len];
+        if (code - count < first) return h->symbol[index + (code - first)];
+        index += count;
+        first = (first + count) << 1;
+        code <<= 1;
+    }
+    return -1;
+}
+
+/* Up to six literals per LUT-bit lookup. Entry: bits used (low 6 bits, so it shifts the
+ * buffer directly), count << 6, literals from bit 16 up, first in the lowest byte. */
+static void multi_build(const huff_t *h, uint64_t *multi) {
+    for (uint32_t i = 0; i < LUT_SIZE; i++) {
+        uint64_t syms = 0;
+        unsigned used = 0, count = 0;
+        while (count < 6) {
+            uint16_t e = h->single[(i >> used) & (LUT_SIZE - 1)];
+            unsigned len = e & 15;
+            if (!len || used + len > LUT || (e >> 4) > 255) break;
+            syms |= (uint64_t)(e >> 4) << (8 * count);
+            used += len;
+            count++;
+        }
+        multi[i] = used | (count << 6) | (syms << 16);
+    }
+}
+
+/* 1: the block's literals appended at *pos; 0: not a stream this decoder takes. */
+static int inflate_block(bits_t *b, const huff_t *h, const uint64_t *multi,
+                         unsigned char *out, size_t size, size_t *pos) {
+    size_t at = *pos;
+    for (;;) {
+        /* The hot loop keeps the bit buffer in registers: through the struct, every
+         * lookup waited on a store and a reload of it. */
+        uint64_t buf = b->buf;
+        unsigned nbits = b->n;
+        const unsigned char *p = b->p;
+        while (at + 8 <= size) {
+            if (nbits < LUT) {
+                if (b->end - p < 8) break; /* the slow path refills near the end */
+                uint64_t v;
+                memcpy(&v, p, 8);
+                buf |= LE_8(v) << nbits;
+                p += (63 - nbits) >> 3;
+                nbits |= 56;
+            }
+            uint64_t e = multi[buf & (LUT_SIZE - 1)];
+            unsigned count = (unsigned)(e >> 6) & 7;
+            if (!count) break;
+            uint64_t syms = LE_8(e >> 16);
+            memcpy(out + at, &syms, 8); /* writes eight (at + 8 <= size), keeps count */
+            at += count;
+            buf >>= e & 63;
+            nbits -= (unsigned)(e & 63);
+        }
+        b->buf = buf;
+        b->n = nbits;
+        b->p = p;
+        int sym = huff_decode(h, b);
+        if (sym == 256) break;
+        if (sym < 0 || sym > 255 || at >= size || overrun(b)) return 0;
+        out[at++] = (unsigned char)sym;
+    }
+    *pos = at;
+    return !overrun(b);
+}
+
+static const unsigned char cl_order[19] = {16, 17, 18, 0, 8, 7, 9, 6, 10, 5, 11, 4, 12, 3, 13, 2, 14, 1, 15};
+
+static int inflate_literals_n(const unsigned char *in, size_t n, unsigned char *out, size_t size) {
+    bits_t b = {in, in + n, 0, 0, 0};
+    /* h: the literal code, aux: code-length and distance codes. zlib emits a new block
+     * every 16-32K symbols, usually with the same literal code as the last: then the
+     * tables are kept, since building them costs as much as decoding a third of a block. */
+    huff_t *h = PyMem_RawMalloc(2 * sizeof(huff_t));
+    uint64_t *multi = PyMem_RawMalloc(LUT_SIZE * sizeof(uint64_t));
+    int ok = h != NULL && multi != NULL;
+    huff_t *aux = h + 1;
+    unsigned char lens[320], built[288];
+    int built_n = 0; /* symbols in `built`, the lengths h and multi hold; 0: none */
+    size_t pos = 0;
+    int last = 0;
+    while (ok && !last) {
+        last = (int)take(&b, 1);
+        unsigned type = take(&b, 2);
+        unsigned hlit = 288;
+        if (type == 1) { /* fixed code */
+            memset(lens, 8, 144);
+            memset(lens + 144, 9, 112);
+            memset(lens + 256, 7, 24);
+            memset(lens + 280, 8, 8);
+        } else if (type == 2) {
+            hlit = take(&b, 5) + 257;
+            unsigned hdist = take(&b, 5) + 1, hclen = take(&b, 4) + 4;
+            unsigned char cl[19] = {0};
+            for (unsigned i = 0; i < hclen; i++) cl[cl_order[i]] = (unsigned char)take(&b, 3);
+            ok = hlit <= 286 && hdist <= 30 && huff_build(aux, cl, 19);
+            unsigned i = 0;
+            while (ok && i < hlit + hdist) {
+                int sym = huff_decode(aux, &b);
+                unsigned rep = 1;
+                unsigned char value = (unsigned char)sym;
+                if (sym < 0 || overrun(&b)) ok = 0;
+                else if (sym == 16) {
+                    ok = i > 0;
+                    value = ok ? lens[i - 1] : 0;
+                    rep = 3 + take(&b, 2);
+                } else if (sym == 17) {
+                    value = 0;
+                    rep = 3 + take(&b, 3);
+                } else if (sym == 18) {
+                    value = 0;
+                    rep = 11 + take(&b, 7);
+                }
+                if (ok && i + rep > hlit + hdist) ok = 0;
+                for (; ok && rep; rep--) lens[i++] = value;
+            }
+            /* The distance code goes unused but must be valid, as zlib requires. */
+            ok = ok && lens[256] != 0 && huff_build(aux, lens + hlit, (int)hdist);
+        } else {
+            ok = 0; /* stored block or a reserved type: zlib's to handle */
+        }
+        if (ok && (built_n != (int)hlit || memcmp(built, lens, hlit) != 0)) {
+            built_n = 0;
+            ok = huff_build(h, lens, (int)hlit);
+            if (ok) {
+                multi_build(h, multi);
+                memcpy(built, lens, hlit);
+                built_n = (int)hlit;
+            }
+        }
+        if (ok) ok = inflate_block(&b, h, multi, out, size, &pos);
+    }
+    PyMem_RawFree(h);
+    PyMem_RawFree(multi);
+    return ok && pos == size;
+}
+
+/* inflate_literals(payload, size) -> bytes of exactly size, or None (use zlib). */
+static PyObject *inflate_literals(PyObject *self, PyObject *args) {
+    Py_buffer in;
+    Py_ssize_t size;
+    if (!PyArg_ParseTuple(args, "y*n", &in, &size)) return NULL;
+    PyObject *out = size >= 0 ? PyBytes_FromStringAndSize(NULL, size) : NULL;
+    int ok = 0;
+    if (out != NULL) {
+        unsigned char *dst = (unsigned char *)PyBytes_AS_STRING(out);
+        Py_BEGIN_ALLOW_THREADS
+        ok = inflate_literals_n(in.buf, (size_t)in.len, dst, (size_t)size);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&in);
+    if (out == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "size must not be negative");
+        return NULL;
+    }
+    if (!ok) {
+        Py_DECREF(out);
+        Py_RETURN_NONE;
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"split", split, METH_VARARGS, "split(data, word, rotate) -> planes, most significant byte first"},
     {"join", join, METH_VARARGS, "join(out, planes, word, rotate): inverse of split, into out"},
@@ -679,6 +946,7 @@ static PyMethodDef methods[] = {
     {"unzigzag_add", unzigzag_add, METH_VARARGS, "unzigzag_add(value, z, word): value += unfold(z)"},
     {"count_changed", count_changed, METH_VARARGS, "count_changed(old, new, size) -> elements whose bytes differ"},
     {"sparse_diff", sparse_diff, METH_VARARGS, "sparse_diff(old, new, size) -> (u64 gaps, new bytes) of changed elements"},
+    {"inflate_literals", inflate_literals, METH_VARARGS, "inflate_literals(payload, size) -> bytes, or None when zlib must decode it"},
     {"factored", factored, METH_VARARGS, "factored(prev, code, rows, cols, a, acode, b, bcode, rank, scale) -> bytes or None"},
     {NULL, NULL, 0, NULL},
 };
