@@ -89,7 +89,8 @@ def reproduce(prev: Buffer, dtype: str, shape: tuple[int, ...], inputs: Inputs) 
         try:
             if inputs.kind == "low-rank" and len(a.shape) == 2 and a.shape[1] > 0:
                 b = inputs.factors[1]
-                if None not in codes and len(b.shape) == 2:
+                # The shapes the definition accepts, not just element counts that fit.
+                if None not in codes and a.shape[0] == rows and b.shape == (a.shape[1], cols):
                     guess = native.factored(
                         prev, _CODES[dtype], rows, cols, a.raw, codes[0], b.raw, codes[1],
                         a.shape[1], inputs.scale,
