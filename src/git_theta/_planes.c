@@ -523,9 +523,10 @@ static PyObject *factored(PyObject *self, PyObject *args) {
     PyObject *result = NULL;
     double *va = NULL, *vb = NULL;
     int nan = 0;
+    /* Sizes come from an update object's header: bound them before multiplying. */
     if (code < F64 || code > BF16 || acode < F64 || acode > BF16 || bcode < F64 ||
-        bcode > BF16 || rows < 0 || cols < 0 || rank < 0 ||
-        prev.len != rows * cols * float_size(code)) {
+        bcode > BF16 || rows < 0 || cols < 0 || rank < 0 || rank > a.len ||
+        (rows && cols > prev.len / rows) || prev.len != rows * cols * float_size(code)) {
         PyErr_SetString(PyExc_ValueError, "factored: bad dtype code or sizes");
         goto done;
     }
@@ -534,7 +535,8 @@ static PyObject *factored(PyObject *self, PyObject *args) {
         goto done;
     }
     Py_ssize_t na = a.len / float_size(acode), nb = rank ? b.len / float_size(bcode) : 0;
-    if (rank ? (na != rows * rank || nb != rank * cols) : (na != rows && na != cols)) {
+    if (rank ? (na / rank != rows || na % rank || nb / rank != cols || nb % rank)
+             : (na != rows && na != cols)) {
         PyErr_SetString(PyExc_ValueError, "factored: factor sizes do not fit the tensor");
         goto done;
     }
