@@ -275,3 +275,17 @@ def test_c_reproduction_leaves_nan_and_f16_to_numpy() -> None:
     assert reproduce(one, "F32", (2, 2), inputs) == reproduce_numpy(one, "F32", (2, 2), inputs)
     with pytest.raises(ValueError, match="do not fit"):
         codec._native.factored(one, 1, 2, 2, np.ones(3, "<f4").tobytes(), 1, b"", 0, 0, 1.0)
+
+
+def test_c_reproduction_refuses_damaged_sizes_and_declared_shapes() -> None:
+    """Sizes come from an update object's header: a damaged one must fail fast, and a
+    factor whose declared shape disagrees with its bytes is the definition's to judge."""
+    assert codec._native is not None
+    with pytest.raises(ValueError, match="bad dtype code or sizes"):
+        codec._native.factored(b"", 1, 2**62, 0, b"", 1, b"", 0, 0, 1.0)
+    prev = np.arange(6, dtype="<f4").tobytes()
+    wrong = Inputs("ia3", (Factor("F32", (5,), np.ones(2, "<f4").tobytes()),))
+    with pytest.raises(ValueError, match="reshape"):
+        reproduce_numpy(prev, "F32", (2, 3), wrong)
+    with pytest.raises(ValueError, match="reshape"):
+        reproduce(prev, "F32", (2, 3), wrong)

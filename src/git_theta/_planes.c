@@ -476,14 +476,33 @@ static double half_to_double(uint16_t h) {
     return (h & 0x8000) ? -v : v;
 }
 
+/* Tensors are little-endian whatever the machine: values pass through LE_* as bits. */
 static double load_double(const unsigned char *p, Py_ssize_t i, int code) {
     switch (code) {
-    case F64: { double d; memcpy(&d, p + 8 * i, 8); return d; }
-    case F32: { float f; memcpy(&f, p + 4 * i, 4); return (double)f; }
-    case F16: { uint16_t h; memcpy(&h, p + 2 * i, 2); return half_to_double(h); }
+    case F64: {
+        uint64_t bits; double d;
+        memcpy(&bits, p + 8 * i, 8);
+        bits = LE_8(bits);
+        memcpy(&d, &bits, 8);
+        return d;
+    }
+    case F32: {
+        uint32_t bits; float f;
+        memcpy(&bits, p + 4 * i, 4);
+        bits = LE_4(bits);
+        memcpy(&f, &bits, 4);
+        return (double)f;
+    }
+    case F16: {
+        uint16_t h;
+        memcpy(&h, p + 2 * i, 2);
+        return half_to_double(LE_2(h));
+    }
     default: {
-        uint16_t h; memcpy(&h, p + 2 * i, 2);
-        uint32_t bits = (uint32_t)h << 16; float f; memcpy(&f, &bits, 4);
+        uint16_t h; float f;
+        memcpy(&h, p + 2 * i, 2);
+        uint32_t bits = (uint32_t)LE_2(h) << 16;
+        memcpy(&f, &bits, 4);
         return (double)f;
     }
     }
@@ -501,11 +520,23 @@ static double *widen_all(const unsigned char *p, Py_ssize_t n, int code, int *na
 }
 
 static void store_rounded(unsigned char *p, Py_ssize_t i, double v, int code) {
-    if (code == F64) { memcpy(p + 8 * i, &v, 8); return; }
+    if (code == F64) {
+        uint64_t bits;
+        memcpy(&bits, &v, 8);
+        bits = LE_8(bits);
+        memcpy(p + 8 * i, &bits, 8);
+        return;
+    }
     float f = (float)v;
-    uint32_t bits; memcpy(&bits, &f, 4);
-    if (code == F32) { memcpy(p + 4 * i, &bits, 4); return; }
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    if (code == F32) {
+        bits = LE_4(bits);
+        memcpy(p + 4 * i, &bits, 4);
+        return;
+    }
     uint16_t h = (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16); /* BF16, RNE */
+    h = LE_2(h);
     memcpy(p + 2 * i, &h, 2);
 }
 
@@ -526,6 +557,7 @@ static PyObject *factored(PyObject *self, PyObject *args) {
     /* Sizes come from an update object's header: bound them before multiplying. */
     if (code < F64 || code > BF16 || acode < F64 || acode > BF16 || bcode < F64 ||
         bcode > BF16 || rows < 0 || cols < 0 || rank < 0 || rank > a.len ||
+        rows > prev.len || cols > prev.len || /* (also an empty tensor: NumPy decides) */
         (rows && cols > prev.len / rows) || prev.len != rows * cols * float_size(code)) {
         PyErr_SetString(PyExc_ValueError, "factored: bad dtype code or sizes");
         goto done;

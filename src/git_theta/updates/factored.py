@@ -72,6 +72,7 @@ def _to_dtype(values: np.ndarray, dtype: str) -> bytes:
 
 
 _CODES = {"F64": 0, "F32": 1, "F16": 2, "BF16": 3}  # _planes.factored's dtype codes
+_SIZES = (8, 4, 2, 2)  # bytes per value, by code
 
 
 def reproduce(prev: Buffer, dtype: str, shape: tuple[int, ...], inputs: Inputs) -> bytes | None:
@@ -95,11 +96,15 @@ def reproduce(prev: Buffer, dtype: str, shape: tuple[int, ...], inputs: Inputs) 
                         prev, _CODES[dtype], rows, cols, a.raw, codes[0], b.raw, codes[1],
                         a.shape[1], inputs.scale,
                     )  # fmt: skip
-            elif inputs.kind == "ia3" and codes[0] is not None:
+            elif (
+                inputs.kind == "ia3"
+                and codes[0] is not None
+                and math.prod(a.shape) * _SIZES[codes[0]] == len(a.raw)  # as declared
+            ):
                 guess = native.factored(
                     prev, _CODES[dtype], rows, cols, a.raw, codes[0], b"", 0, 0, 1.0
                 )
-        except ValueError:
+        except (ValueError, OverflowError):
             pass  # shapes that do not fit: the definition decides what that means
         if guess is not None:
             return guess
