@@ -40,6 +40,10 @@ class ObjectStore:
         self.tmp.mkdir(parents=True, exist_ok=True)
         return self.tmp
 
+    def _tmp_name(self) -> Path:
+        """A temporary file name no other process or thread of ours uses."""
+        return self.tmp_dir() / f"theta-{os.getpid()}-{threading.get_ident()}-{next(_counter)}"
+
     def path(self, oid: str) -> Path:
         """Return where the object ``oid`` lives (git-lfs's ``aa/bb/oid`` layout)."""
         return self.root / oid[0:2] / oid[2:4] / oid
@@ -56,8 +60,7 @@ class ObjectStore:
 
         Parts are written as they come, so the object is never joined in memory.
         """
-        self.tmp.mkdir(parents=True, exist_ok=True)
-        tmp = self.tmp / f"theta-{os.getpid()}-{threading.get_ident()}-{next(_counter)}"
+        tmp = self._tmp_name()
         digest = hashlib.sha256()
         size = 0
         try:
@@ -84,7 +87,7 @@ class ObjectStore:
         """Copy the object ``ref`` from ``source`` (another repository's store) if its bytes
         hash to ``ref``; return whether it is now here. A corrupt or absent source copies
         nothing."""
-        tmp = self.tmp_dir() / f"theta-{os.getpid()}-{threading.get_ident()}-{next(_counter)}"
+        tmp = self._tmp_name()
         digest = hashlib.sha256()
         size = 0
         try:
