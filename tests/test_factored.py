@@ -265,16 +265,17 @@ def test_c_reproduction_is_bit_identical_to_the_numpy_definition(
 def test_c_reproduction_leaves_nan_and_f16_to_numpy() -> None:
     assert codec._native is not None
     one = np.ones(4, "<f4").tobytes()
+    f32, f16 = _CODES["F32"], _CODES["F16"]
     nan = np.array([1.0, np.nan, 1.0, 1.0], "<f4").tobytes()
     vec = np.ones(2, "<f4").tobytes()
-    assert codec._native.factored(nan, 1, 2, 2, vec, 1, b"", 0, 0, 1.0) is None
-    assert codec._native.factored(one, 1, 2, 2, nan[:8], 1, b"", 0, 0, 1.0) is None
+    assert codec._native.factored(nan, f32, 2, 2, vec, f32, b"", 0, 0, 1.0) is None
+    assert codec._native.factored(one, f32, 2, 2, nan[:8], f32, b"", 0, 0, 1.0) is None
     half = np.ones(4, "<f2").tobytes()
-    assert codec._native.factored(half, 2, 2, 2, vec, 1, b"", 0, 0, 1.0) is None
+    assert codec._native.factored(half, f16, 2, 2, vec, f32, b"", 0, 0, 1.0) is None
     inputs = Inputs("ia3", (Factor("F32", (2,), nan[4:12]),))
     assert reproduce(one, "F32", (2, 2), inputs) == reproduce_numpy(one, "F32", (2, 2), inputs)
     with pytest.raises(ValueError, match="do not fit"):
-        codec._native.factored(one, 1, 2, 2, np.ones(3, "<f4").tobytes(), 1, b"", 0, 0, 1.0)
+        codec._native.factored(one, f32, 2, 2, np.ones(3, "<f4").tobytes(), f32, b"", 0, 0, 1.0)
 
 
 def test_c_reproduction_refuses_damaged_sizes_and_declared_shapes() -> None:
@@ -282,7 +283,7 @@ def test_c_reproduction_refuses_damaged_sizes_and_declared_shapes() -> None:
     factor whose declared shape disagrees with its bytes is the definition's to judge."""
     assert codec._native is not None
     with pytest.raises(ValueError, match="bad dtype code or sizes"):
-        codec._native.factored(b"", 1, 2**62, 0, b"", 1, b"", 0, 0, 1.0)
+        codec._native.factored(b"", _CODES["F32"], 2**62, 0, b"", _CODES["F32"], b"", 0, 0, 1.0)
     prev = np.arange(6, dtype="<f4").tobytes()
     wrong = Inputs("ia3", (Factor("F32", (5,), np.ones(2, "<f4").tobytes()),))
     with pytest.raises(ValueError, match="reshape"):

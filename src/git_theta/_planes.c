@@ -25,13 +25,6 @@ static inline uint64_t load_le(const unsigned char *p, int word) {
     return w;
 }
 
-static inline void store_le(unsigned char *p, uint64_t w, int word) {
-    for (int k = 0; k < word; k++) {
-        p[k] = (unsigned char)w;
-        w >>= 8;
-    }
-}
-
 /* The joins GCC can vectorise: fixed-width words, no data-dependent branches. The
  * generic loop above this ran at ~1 GB/s; these are what checkout spends its time in. */
 #define JOIN_FIXED(NAME, T, WORD)                                                       \
@@ -392,7 +385,8 @@ done:
     return result;
 }
 
-/* Widen one element to double, exactly. kind: 0 F32, 1 F64, 2 F16, 3 BF16. */
+/* Widen one element to double, exactly. kind: 0 F32, 1 F64, 2 F16, 3 BF16 (dtypes.py
+ * FLOAT_KINDS, shared by diff_stats and factored). */
 static inline double widen(const unsigned char *p, int kind) {
     if (kind == 0) {
         uint32_t bits = (uint32_t)load_le(p, 4);
@@ -464,48 +458,12 @@ done:
  * multiply-add). Any NaN among the inputs returns None and the NumPy path runs instead:
  * which NaN payload survives an operation is not worth reproducing. */
 
-enum { F64 = 0, F32 = 1, F16 = 2, BF16 = 3 };
+enum { F32 = 0, F64 = 1, F16 = 2, BF16 = 3 }; /* the kinds widen() takes */
 
 static int float_size(int code) { return code == F64 ? 8 : code == F32 ? 4 : 2; }
 
-static double half_to_double(uint16_t h) {
-    int exp = (h >> 10) & 0x1f;
-    double mant = (double)(h & 0x3ff);
-    double v = exp == 0 ? ldexp(mant, -24) : exp == 31 ? (mant != 0 ? NAN : INFINITY)
-                                                        : ldexp(mant + 1024.0, exp - 25);
-    return (h & 0x8000) ? -v : v;
-}
-
-/* Tensors are little-endian whatever the machine: values pass through LE_* as bits. */
 static double load_double(const unsigned char *p, Py_ssize_t i, int code) {
-    switch (code) {
-    case F64: {
-        uint64_t bits; double d;
-        memcpy(&bits, p + 8 * i, 8);
-        bits = LE_8(bits);
-        memcpy(&d, &bits, 8);
-        return d;
-    }
-    case F32: {
-        uint32_t bits; float f;
-        memcpy(&bits, p + 4 * i, 4);
-        bits = LE_4(bits);
-        memcpy(&f, &bits, 4);
-        return (double)f;
-    }
-    case F16: {
-        uint16_t h;
-        memcpy(&h, p + 2 * i, 2);
-        return half_to_double(LE_2(h));
-    }
-    default: {
-        uint16_t h; float f;
-        memcpy(&h, p + 2 * i, 2);
-        uint32_t bits = (uint32_t)LE_2(h) << 16;
-        memcpy(&f, &bits, 4);
-        return (double)f;
-    }
-    }
+    return widen(p + i * float_size(code), code);
 }
 
 /* Widen n values to float64; 0 when one is NaN (or on allocation failure, with error). */
@@ -555,7 +513,7 @@ static PyObject *factored(PyObject *self, PyObject *args) {
     double *va = NULL, *vb = NULL;
     int nan = 0;
     /* Sizes come from an update object's header: bound them before multiplying. */
-    if (code < F64 || code > BF16 || acode < F64 || acode > BF16 || bcode < F64 ||
+    if (code < F32 || code > BF16 || acode < F32 || acode > BF16 || bcode < F32 ||
         bcode > BF16 || rows < 0 || cols < 0 || rank < 0 || rank > a.len ||
         rows > prev.len || cols > prev.len || /* (also an empty tensor: NumPy decides) */
         (rows && cols > prev.len / rows) || prev.len != rows * cols * float_size(code)) {

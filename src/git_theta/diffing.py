@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from git_theta import chains
 from git_theta.content import content_hash
-from git_theta.dtypes import lookup
+from git_theta.dtypes import FLOAT_KINDS, lookup
 from git_theta.errors import CheckpointError, ThetaError
 from git_theta.formats import detect
 from git_theta.formats.base import SNIFF_MAX
@@ -152,7 +152,7 @@ def _apply_last(old: TensorSide, new: TensorSide, a: bytes | bytearray) -> bytea
     return value if content_hash(value) == new.hash else None
 
 
-_WIDEN = {"F32": 0, "F64": 1, "F16": 2, "BF16": 3}  # dtypes _planes.diff_stats widens
+_WIDEN = FLOAT_KINDS  # dtypes _planes.diff_stats widens
 
 
 def _numpy_stats(

@@ -70,3 +70,8 @@ def from_numpy_name(name: str) -> str:
     """Return our name for NumPy dtype ``name``, or ``np:<name>`` for one we do not know
     (its bytes are still kept exactly, as plain bytes)."""
     return _NUMPY_NAMES.get(name, f"np:{name}")
+
+
+# Float dtypes the C kernel widens to double exactly (_planes.c's widen()): the codes
+# diff_stats and factored take.
+FLOAT_KINDS = {"F32": 0, "F64": 1, "F16": 2, "BF16": 3}

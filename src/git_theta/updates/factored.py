@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from git_theta import codec
+from git_theta.dtypes import FLOAT_KINDS
 from git_theta.errors import ObjectCorruptError, UsageError
 from git_theta.updates.base import Buffer, UpdateType
 from git_theta.updates.delta import _UNSIGNED, _size, _unzigzag, _zigzag
@@ -71,8 +72,8 @@ def _to_dtype(values: np.ndarray, dtype: str) -> bytes:
     return rounded.astype("<u2").tobytes()
 
 
-_CODES = {"F64": 0, "F32": 1, "F16": 2, "BF16": 3}  # _planes.factored's dtype codes
-_SIZES = (8, 4, 2, 2)  # bytes per value, by code
+_CODES = FLOAT_KINDS  # _planes.factored's dtype codes
+_SIZES = (4, 8, 2, 2)  # bytes per value, by code
 
 
 def reproduce(prev: Buffer, dtype: str, shape: tuple[int, ...], inputs: Inputs) -> bytes | None:
