@@ -22,14 +22,13 @@ import math
 import struct
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Executor
 from types import ModuleType
 from typing import TYPE_CHECKING, NamedTuple, cast
 
 from zlib_ng import zlib_ng as zlib  # bundled zlib-ng: faster Huffman, same output everywhere
 
 from git_theta.errors import ObjectCorruptError
-from git_theta.parallel import pipelined
+from git_theta.parallel import Pool, pipelined
 
 if TYPE_CHECKING:
     import zstandard
@@ -201,7 +200,7 @@ def encode_stream(
     data: bytes | bytearray | memoryview,
     layout: Layout = PLAIN,
     level: int = 1,
-    pool: Executor | None = None,
+    pool: Pool | None = None,
 ) -> Iterator[bytes]:
     """Yield the content object for ``data`` part by part (deterministic for equal input).
 
@@ -221,7 +220,7 @@ def encode(
     data: bytes | bytearray | memoryview,
     layout: Layout = PLAIN,
     level: int = 1,
-    pool: Executor | None = None,
+    pool: Pool | None = None,
 ) -> list[bytes]:
     """Return the content object for ``data`` as a list of parts to concatenate."""
     return list(encode_stream(data, layout, level, pool))
@@ -258,9 +257,7 @@ def _parse_head(head: bytes | memoryview) -> tuple[Layout, int, int]:
     return Layout(word, bool(flags & 1)), length, chunk_words
 
 
-def decode_stream(
-    read: Callable[[int], bytes], pool: Executor | None = None
-) -> Iterator[bytearray]:
+def decode_stream(read: Callable[[int], bytes], pool: Pool | None = None) -> Iterator[bytearray]:
     """Decode an object read sequentially through ``read(n)``; yield the bytes chunk by
     chunk, so memory stays bounded by a few chunks whatever the tensor's size.
 
@@ -312,7 +309,7 @@ def _chunk_starts(view: memoryview, layout: Layout, length: int, chunk_words: in
     return starts
 
 
-def decode(obj: bytes | memoryview, pool: Executor | None = None) -> bytearray:
+def decode(obj: bytes | memoryview, pool: Pool | None = None) -> bytearray:
     """Return the bytes stored in content object ``obj``.
 
     Raises ObjectCorruptError when the object is malformed or of an unknown version.
@@ -331,7 +328,7 @@ def _ignore(start: int, chunk: memoryview) -> None:
 def decode_each(
     obj: bytes | memoryview,
     each: Callable[[int, memoryview], None],
-    pool: Executor | None = None,
+    pool: Pool | None = None,
 ) -> int:
     """Decode ``obj`` chunk by chunk, calling ``each(offset, chunk)`` (from pool threads
     when ``pool`` is given) instead of assembling the whole value; return its length.
@@ -350,7 +347,7 @@ def _decode_chunks(
     chunk_words: int,
     out: memoryview | None,
     each: Callable[[int, memoryview], None],
-    pool: Executor | None,
+    pool: Pool | None,
 ) -> None:
     """Decode every chunk into ``out`` (or a scratch buffer per chunk), then ``each``."""
     chunk_bytes = chunk_words * layout.word

@@ -22,6 +22,7 @@ from typing import IO
 
 from git_theta import git
 from git_theta.errors import CommandError, ThetaError, TransferError
+from git_theta.parallel import Pool
 from git_theta.proc import run, start
 from git_theta.protocol.pktline import (
     PacketReader,
@@ -114,17 +115,18 @@ class Downloader:
         source = self._local
         if not isinstance(source, Path):
             return
-        from concurrent.futures import ThreadPoolExecutor
-
         refs = sorted(wanted.values(), key=lambda ref: -ref.size)  # big ones start first
 
         def copy(ref: ObjectRef) -> bool:
             return self.store.copy_in(source / ref.oid[:2] / ref.oid[2:4] / ref.oid, ref)
 
-        with ThreadPoolExecutor(COPY_WORKERS, thread_name_prefix="theta-copy") as pool:
+        pool = Pool(COPY_WORKERS, "theta-copy")
+        try:
             for ref, done in zip(refs, pool.map(copy, refs), strict=True):
                 if done:
                     del wanted[ref.oid]
+        finally:
+            pool.shutdown()
 
     def _start(self) -> tuple[IO[bytes], IO[bytes]]:
         if self._proc is None:
