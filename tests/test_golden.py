@@ -69,7 +69,7 @@ def test_large_tensors_stream_and_still_verify(tmp_path: Path, monkeypatch: Monk
     assert out.getvalue() == data
 
     oid = parse(manifest.getvalue()).tensors["big"].chain[0].ref.oid
-    path = store.path(oid)
+    path = Path(store.path(oid))
     corrupt = bytearray(path.read_bytes())
     corrupt[-3] ^= 0x40
     path.write_bytes(bytes(corrupt))

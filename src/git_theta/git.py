@@ -8,10 +8,13 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from git_theta.errors import CommandError
 from git_theta.proc import run, start
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 # Switch our filter off for git calls we make from inside the filter.
 NO_FILTER = (
@@ -37,6 +40,8 @@ def inside_work_tree(cwd: str | None = None) -> bool:
 
 def toplevel(cwd: str | None = None) -> Path:
     """Return the work tree root of the repository containing ``cwd``."""
+    from pathlib import Path  # commands only; the filter keeps paths as strings
+
     return Path(git("rev-parse", "--show-toplevel", cwd=cwd).decode().strip())
 
 
@@ -45,10 +50,10 @@ def show_prefix(cwd: str | None = None) -> str:
     return git("rev-parse", "--show-prefix", cwd=cwd).decode().strip()
 
 
-_dirs: dict[tuple[str | None, str], tuple[Path, Path]] = {}
+_dirs: dict[tuple[str | None, str], tuple[str, str]] = {}
 
 
-def _repo_dirs(cwd: str | None) -> tuple[Path, Path]:
+def _repo_dirs(cwd: str | None) -> tuple[str, str]:
     """(common dir, hooks dir), absolute, from one git call per process and directory:
     every git command that touches a checkpoint pays for the filter's git calls."""
     key = (cwd, os.getcwd())
@@ -56,16 +61,16 @@ def _repo_dirs(cwd: str | None) -> tuple[Path, Path]:
         out = git("rev-parse", "--path-format=absolute", "--git-common-dir",
                   "--git-path", "hooks", cwd=cwd)  # fmt: skip
         common, hooks = out.decode().splitlines()[:2]
-        _dirs[key] = (Path(common), Path(hooks))
+        _dirs[key] = (common, hooks)
     return _dirs[key]
 
 
-def common_dir(cwd: str | None = None) -> Path:
+def common_dir(cwd: str | None = None) -> str:
     """Return the absolute git common directory (shared by all worktrees)."""
     return _repo_dirs(cwd)[0]
 
 
-def hooks_dir(cwd: str | None = None) -> Path:
+def hooks_dir(cwd: str | None = None) -> str:
     """Return the directory git runs hooks from (honours core.hooksPath)."""
     return _repo_dirs(cwd)[1]
 
@@ -93,14 +98,13 @@ def lfs_version() -> str | None:
     return done.stdout.decode().strip() if done.returncode == 0 else None
 
 
-def lfs_storage_dir(cwd: str | None = None) -> Path:
+def lfs_storage_dir(cwd: str | None = None) -> str:
     """Return the directory git-lfs keeps objects in (``lfs.storage`` or GIT_COMMON_DIR/lfs)."""
     base = common_dir(cwd)
     configured = config_get("lfs.storage", cwd)
-    if configured:
-        path = Path(os.path.expanduser(configured))
-        return path if path.is_absolute() else base / path
-    return base / "lfs"
+    if configured:  # a relative path is relative to the common dir (join keeps absolute ones)
+        return os.path.join(base, os.path.expanduser(configured))
+    return os.path.join(base, "lfs")
 
 
 def tree_blobs(rev: str, cwd: str | None = None) -> list[tuple[str, str]]:

@@ -6,8 +6,8 @@ same arguments and input; we never delete or overwrite another tool's hook.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from pathlib import Path
 
 from git_theta import git
 from git_theta.errors import ThetaError
@@ -37,7 +37,7 @@ class HooksElsewhereError(ThetaError):
     """core.hooksPath points outside the repository: hooks there are not ours to change."""
 
 
-def install_hooks(cwd: str | None = None) -> Path:
+def install_hooks(cwd: str | None = None) -> str:
     """Install (or refresh) our pre-push hook in the repository; return its path.
 
     Raises HooksElsewhereError when core.hooksPath points outside the git directory (a
@@ -45,34 +45,38 @@ def install_hooks(cwd: str | None = None) -> Path:
     and a chained one already exists, rather than lose either.
     """
     hooks = git.hooks_dir(cwd)
-    if not hooks.resolve().is_relative_to(git.common_dir(cwd).resolve()):
+    common = os.path.realpath(git.common_dir(cwd))
+    if os.path.commonpath([os.path.realpath(hooks), common]) != common:
         raise HooksElsewhereError(
             f"core.hooksPath is {hooks}, outside this repository; git-theta does not write "
             'there: add `git-theta pre-push "$@"` to that pre-push hook, or pushes will not '
             "upload tensor objects"
         )
-    hook = hooks / "pre-push"
+    hook = os.path.join(hooks, "pre-push")
     try:
-        current = hook.read_text(errors="replace")
+        with open(hook, encoding="utf-8", errors="replace") as fh:
+            current: str | None = fh.read()
     except FileNotFoundError:
         current = None
     if current == SCRIPT:
         return hook
-    hooks.mkdir(parents=True, exist_ok=True)
+    os.makedirs(hooks, exist_ok=True)
     if current is not None and MARKER not in current:
-        chained = hooks / CHAINED
-        if chained.exists():
+        chained = os.path.join(hooks, CHAINED)
+        if os.path.exists(chained):
             raise ThetaError(
                 f"{hook} is not git-theta's and {chained} exists too; merge them by hand, "
                 "then run `git theta install --local`"
             )
         os.replace(hook, chained)
     # Unique per process: two filters (two git commands) may refresh the hook at once.
-    tmp = hooks / f"pre-push.theta-tmp-{os.getpid()}"
+    tmp = os.path.join(hooks, f"pre-push.theta-tmp-{os.getpid()}")
     try:
-        tmp.write_text(SCRIPT)
-        tmp.chmod(0o755)
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(SCRIPT)
+        os.chmod(tmp, 0o755)
         os.replace(tmp, hook)
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
     return hook

@@ -12,13 +12,17 @@ import itertools
 import os
 import threading
 from collections.abc import Iterable
-from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
 from git_theta.errors import ObjectCorruptError, ObjectMissingError
 
 _counter = itertools.count()
 _COPY_CHUNK = 8 << 20
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 class ObjectRef(NamedTuple):
@@ -31,27 +35,30 @@ class ObjectRef(NamedTuple):
 class ObjectStore:
     """The git-lfs object directory of one repository."""
 
-    def __init__(self, lfs_dir: Path):
-        self.root = lfs_dir / "objects"
-        self.tmp = lfs_dir / "tmp"
+    # Paths are strings, not pathlib: every filter process builds a store, and pathlib's
+    # import (4 ms, with urllib) was a tenth of a small file's add.
+    def __init__(self, lfs_dir: str | os.PathLike[str]):
+        self.root = os.path.join(lfs_dir, "objects")
+        self.tmp = os.path.join(lfs_dir, "tmp")
 
-    def tmp_dir(self) -> Path:
+    def tmp_dir(self) -> str:
         """The directory for temporary files (created on demand)."""
-        self.tmp.mkdir(parents=True, exist_ok=True)
+        os.makedirs(self.tmp, exist_ok=True)
         return self.tmp
 
-    def _tmp_name(self) -> Path:
+    def _tmp_name(self) -> str:
         """A temporary file name no other process or thread of ours uses."""
-        return self.tmp_dir() / f"theta-{os.getpid()}-{threading.get_ident()}-{next(_counter)}"
+        name = f"theta-{os.getpid()}-{threading.get_ident()}-{next(_counter)}"
+        return os.path.join(self.tmp_dir(), name)
 
-    def path(self, oid: str) -> Path:
+    def path(self, oid: str) -> str:
         """Return where the object ``oid`` lives (git-lfs's ``aa/bb/oid`` layout)."""
-        return self.root / oid[0:2] / oid[2:4] / oid
+        return os.path.join(self.root, oid[0:2], oid[2:4], oid)
 
     def has(self, ref: ObjectRef) -> bool:
         """Return True when the object is present with the expected size."""
         try:
-            return self.path(ref.oid).stat().st_size == ref.size
+            return os.stat(self.path(ref.oid)).st_size == ref.size
         except FileNotFoundError:
             return False
 
@@ -71,19 +78,19 @@ class ObjectStore:
                     size += len(part)
             ref = ObjectRef(digest.hexdigest(), size)
             final = self.path(ref.oid)
-            if final.exists():
-                tmp.unlink()
+            if os.path.exists(final):
+                os.unlink(tmp)
                 with contextlib.suppress(OSError):  # in use again: out of prune's grace window
                     os.utime(final)
             else:
-                final.parent.mkdir(parents=True, exist_ok=True)
+                os.makedirs(os.path.dirname(final), exist_ok=True)
                 os.replace(tmp, final)
         except BaseException:
-            tmp.unlink(missing_ok=True)
+            _remove(tmp)
             raise
         return ref
 
-    def copy_in(self, source: Path, ref: ObjectRef) -> bool:
+    def copy_in(self, source: str | os.PathLike[str], ref: ObjectRef) -> bool:
         """Copy the object ``ref`` from ``source`` (another repository's store) if its bytes
         hash to ``ref``; return whether it is now here. A corrupt or absent source copies
         nothing."""
@@ -97,16 +104,16 @@ class ObjectStore:
                     dst.write(chunk)
                     size += len(chunk)
             if size != ref.size or digest.hexdigest() != ref.oid:
-                tmp.unlink()
+                os.unlink(tmp)
                 return False
             final = self.path(ref.oid)
-            final.parent.mkdir(parents=True, exist_ok=True)
+            os.makedirs(os.path.dirname(final), exist_ok=True)
             os.replace(tmp, final)
         except OSError:
-            tmp.unlink(missing_ok=True)
+            _remove(tmp)
             return False
         except BaseException:
-            tmp.unlink(missing_ok=True)
+            _remove(tmp)
             raise
         return True
 
@@ -123,7 +130,8 @@ class ObjectStore:
         Raises ObjectMissingError when it is absent.
         """
         try:
-            data = self.path(ref.oid).read_bytes()
+            with open(self.path(ref.oid), "rb") as fh:
+                data = fh.read()
         except FileNotFoundError:
             raise ObjectMissingError(f"object {ref.oid} is not in the local store") from None
         return data

@@ -7,7 +7,6 @@ from __future__ import annotations
 import fnmatch
 import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from git_theta.errors import ThetaError, UnknownPluginError, UsageError
@@ -45,7 +44,7 @@ def parse_rules(text: str, source: str) -> list[tuple[str, str]]:
     return rules
 
 
-def load_policy(top: Path) -> Callable[[str], UpdateType]:
+def load_policy(top: str) -> Callable[[str], UpdateType]:
     """Return a function mapping a tensor name to its (configured) update type.
 
     Raises ThetaError for unknown types, bad rules or an unusable factors file.
@@ -61,8 +60,11 @@ def load_policy(top: Path) -> Callable[[str], UpdateType]:
         return lambda _name: plugin
     if inputs:
         raise UsageError(f"{PATH_ENV} needs {ENV} (low-rank or ia3) as well")
-    path = top / RULES_FILE
-    rules = parse_rules(path.read_text(), RULES_FILE) if path.exists() else []
+    try:
+        with open(os.path.join(top, RULES_FILE), encoding="utf-8") as fh:
+            rules = parse_rules(fh.read(), RULES_FILE)
+    except FileNotFoundError:
+        rules = []
     plugins = {key: UPDATES.get(key) for key in {DEFAULT, *(key for _, key in rules)}}
 
     def policy(name: str) -> UpdateType:

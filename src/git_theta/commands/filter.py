@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from git_theta.commands.errors import report
@@ -27,7 +27,7 @@ def _handlers(repo: Repo) -> dict[str, Handler]:
         from git_theta.update_rules import load_policy
 
         if not policies:  # read once per process, and only when something is added
-            policies.append(load_policy(Path.cwd()))
+            policies.append(load_policy(os.getcwd()))
         previous = repo.staged_manifest(path)
         clean(source, sink, path, repo.store, previous, update_for=policies[0])
 

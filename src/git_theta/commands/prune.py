@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 from git_theta.codec import MAGIC as DENSE
 from git_theta.commands.remote import needed_by
@@ -29,7 +30,7 @@ def prune(dry_run: bool) -> int:
     keep |= {ref.oid for ref in needed_by(manifests_in_index())}
     now = time.time()
     count = size = 0
-    root = repo.store.root
+    root = Path(repo.store.root)
     for path in root.glob("??/??/*") if root.exists() else []:
         if path.name in keep or len(path.name) != 64:
             continue

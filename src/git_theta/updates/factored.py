@@ -19,7 +19,6 @@ import math
 import struct
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from git_theta import codec
@@ -30,6 +29,8 @@ from git_theta.updates.delta import _UNSIGNED, _size, _unzigzag, _zigzag
 from git_theta.updates.layout import layout_for
 
 if TYPE_CHECKING:  # NumPy loads when needed: a checkout through the C kernel never does
+    from pathlib import Path
+
     import numpy as np
 
 MAGIC = b"GTFX"
@@ -153,6 +154,8 @@ class Factored(UpdateType):
         self.inputs = inputs or {}
 
     def with_inputs(self, path: str) -> UpdateType:
+        from pathlib import Path  # an add with factors; checkouts of these chains skip it
+
         found = {k: v for k, v in load_inputs(Path(path)).items() if v.kind == self.kind}
         if not found:
             raise UsageError(f"{path}: no {self.kind} factors found")
