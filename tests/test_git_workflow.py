@@ -249,23 +249,33 @@ def test_non_utf8_file_names(repo: Path) -> None:
 
 
 def test_filter_start_up_imports_stay_light() -> None:
-    """Every git command that touches a checkpoint starts the filter: what a checkout
-    imports (for chains of any update type, through the C kernel) must not include NumPy
-    (0.12 s) or dataclasses (~20 ms with inspect), and the handshake itself needs neither
-    the manifest nor git-lfs transfer code."""
+    """Every git command that touches a checkpoint starts the filter: what an add or a
+    checkout imports (for chains of any update type, through the C kernel, sniffing the
+    file against every format before safetensors) must not include NumPy (0.12 s),
+    dataclasses (~20 ms with inspect), or the stdlib modules a filter does without
+    (subprocess, pathlib, concurrent.futures, tempfile: 4-7 ms each), and the handshake
+    itself needs neither the manifest nor git-lfs transfer code."""
     import subprocess
     import sys
 
     probe = (
-        "import sys\n"
+        "import sys, json, struct\n"
         "import git_theta.commands.cli, git_theta.commands.filter\n"
         "print(sorted(m for m in ('git_theta.manifest', 'git_theta.transfer', 'argparse')"
         " if m in sys.modules))\n"
-        "import git_theta.smudge, git_theta.codec, git_theta.hooks\n"
+        "import git_theta.smudge, git_theta.clean, git_theta.codec, git_theta.hooks\n"
+        "from git_theta.update_rules import load_policy\n"
+        "from git_theta.formats import detect\n"
+        "from git_theta.proc import run\n"
         "from git_theta.updates import UPDATES\n"
         "[UPDATES.get(k) for k in ('dense', 'sparse', 'delta', 'low-rank', 'ia3')]\n"
-        "print(sorted(m for m in ('numpy', 'dataclasses', 'importlib.metadata')"
-        " if m in sys.modules))\n"
+        "load_policy('.')\n"
+        "head = json.dumps({'w': {'dtype': 'F32', 'shape': [1], 'data_offsets': [0, 4]}})\n"
+        "assert detect(struct.pack('<Q', len(head)) + head.encode(), 'm.safetensors')\n"
+        "assert run('git', '--version').returncode == 0\n"
+        "heavy = ('numpy', 'dataclasses', 'importlib.metadata', 'subprocess', 'pathlib',"
+        " 'concurrent.futures', 'tempfile', 'logging')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

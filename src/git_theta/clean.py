@@ -7,7 +7,6 @@ while the next tensor is read. An unchanged tensor costs a hash, not an encode.
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable, Iterator
 from typing import IO, TYPE_CHECKING
 
@@ -130,6 +129,8 @@ def clean(
     if fmt.needs_seek:
         # An index at the end (zip): spool to a temporary file, find the spans there, then
         # read it front to back like any other file.
+        import tempfile  # only here: 5 ms of imports (shutil, random) on every start
+
         with tempfile.TemporaryFile(dir=store.tmp_dir()) as spool:
             spool.write(head)
             size = len(head) + _copy(source, spool)

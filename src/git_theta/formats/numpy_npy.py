@@ -6,7 +6,6 @@ The header is parsed with ``ast.literal_eval`` (no code runs) and the dtype with
 
 from __future__ import annotations
 
-import ast
 import math
 import struct
 
@@ -29,6 +28,8 @@ class NpyFormat(CheckpointFormat):
         return head.startswith(MAGIC)
 
     def read_header(self, read: ReadExact) -> list[TensorSpan]:
+        import ast  # here, not at the top: sniffing every added file loads this module
+
         import numpy as np
 
         magic, major, _minor = struct.unpack("<6sBB", read(8))
