@@ -70,6 +70,25 @@ def test_bad_checkpoints_are_refused(data: bytes, message: str, tmp_path: Path) 
     assert message in str(info.value)
 
 
+@pytest.mark.parametrize("claim", [1 << 34, 1 << 50])  # reservable; far beyond any machine
+def test_a_huge_claimed_tensor_fails_as_truncated_without_using_memory(
+    claim: int, tmp_path: Path
+) -> None:
+    """The buffer for a tensor is reserved, not touched, until its bytes arrive: a header
+    claiming 16 GiB (or 1 PiB, which cannot even be reserved) costs nothing."""
+    import resource
+
+    data = header({"w": {"dtype": "U8", "shape": [claim], "data_offsets": [0, claim]}})
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(CheckpointError) as info:
+        run_clean(data + b"x" * 1000, tmp_path)
+    assert str(info.value) == (
+        f"file is truncated at byte {len(data) + 1000} (expected at least {len(data) + claim} "
+        "bytes)"
+    )
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100_000  # KiB
+
+
 def test_trailing_bytes_and_gaps_are_kept(tmp_path: Path) -> None:
     data = header({"w": {"dtype": "U8", "shape": [2], "data_offsets": [3, 5]}}) + b"gapWWtail"
     manifest = parse(run_clean(data, tmp_path))

@@ -7,6 +7,7 @@ while the next tensor is read. An unchanged tensor costs a hash, not an encode.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from typing import IO, TYPE_CHECKING
 
@@ -25,50 +26,93 @@ if TYPE_CHECKING:
     from git_theta.updates.base import UpdateType
 
 _PEEK = SNIFF_MAX
-_STEP = 64 << 20  # read large tensors in steps, so a lying header cannot over-allocate
+_STEP = 64 << 20  # steps for a tensor too large to reserve at once
+_RECYCLE = 64 << 20  # bytes of spare tensor buffers kept for reuse
+
+
+class _Recycler:
+    """Tensor buffers given back once hashed (and encoded, if changed), handed out again
+    for the next tensor of the same size: a model repeats its layers' shapes. Fresh memory
+    costs a page fault per 4 KiB on first touch; without reuse, adding a 250 MB file took
+    50,000 faults, ~0.2 s of system time on a 2-core VM."""
+
+    def __init__(self, limit: int = _RECYCLE):
+        self._free: dict[int, list[bytearray]] = {}
+        self._held = 0
+        self._limit = limit
+        self._lock = threading.Lock()  # given back from worker threads
+
+    def take(self, n: int) -> bytearray:
+        with self._lock:
+            spare = self._free.get(n)
+            if spare:
+                self._held -= n
+                return spare.pop()
+        return codec.new_buffer(n)
+
+    def give(self, buf: bytearray) -> None:
+        """Take ``buf`` back for reuse; the caller must hold no other reference to it."""
+        n = len(buf)
+        with self._lock:
+            if self._held + n <= self._limit:
+                self._free.setdefault(n, []).append(buf)
+                self._held += n
 
 
 class _Reader:
     """Reads the source in order, replaying the peeked head, counting the offset."""
 
-    def __init__(self, head: bytes, source: Source):
+    def __init__(self, head: bytes, source: Source, buffers: _Recycler | None = None):
         self._head = head
         self._source = source
+        self._buffers = buffers
         self.offset = 0
 
     def read(self, n: int) -> bytearray:
-        """Return exactly ``n`` bytes. Up to 64 MB is allocated at once; beyond that memory
-        grows with the bytes that really arrive, so a header claiming a huge tensor fails
-        as truncated instead of allocating it."""
-        if n <= _STEP:  # one allocation, filled in place
-            out = codec.new_buffer(n)  # filled below, or the read fails
-            view = memoryview(out)
-            have = min(len(self._head), n)
-            view[:have] = self._head[:have]
-            self._head = self._head[have:]
-            while have < n:
-                got = self._source.readinto(view[have:])
-                if got == 0:
-                    raise CheckpointError(
-                        f"file is truncated at byte {self.offset + have} "
-                        f"(expected at least {self.offset + n} bytes)"
-                    )
-                have += got
-            self.offset += n
-            return out
+        """Return exactly ``n`` bytes; raise CheckpointError when the file ends first.
+
+        The buffer is reserved, not touched, before the bytes arrive, so a header claiming
+        a huge tensor uses no memory: it fails as truncated. A claim too large even to
+        reserve is read in steps, growing with what arrives, and fails the same way.
+        """
+        try:
+            out = self._buffers.take(n) if self._buffers is not None else codec.new_buffer(n)
+        except MemoryError:
+            return self._read_in_steps(n)
+        view = memoryview(out)
+        have = min(len(self._head), n)
+        view[:have] = self._head[:have]
+        self._head = self._head[have:]
+        while have < n:
+            got = self._source.readinto(view[have:])
+            if got == 0:
+                raise self._truncated(have, n)
+            have += got
+        self.offset += n
+        return out
+
+    def _read_in_steps(self, n: int) -> bytearray:
         out = bytearray(self._head[:n])
         self._head = self._head[len(out) :]
         while len(out) < n:
             piece = bytearray(min(n - len(out), _STEP))
             got = self._source.readinto(memoryview(piece))
             if got == 0:
-                raise CheckpointError(
-                    f"file is truncated at byte {self.offset + len(out)} "
-                    f"(expected at least {self.offset + n} bytes)"
-                )
+                raise self._truncated(len(out), n)
             out += memoryview(piece)[:got]
         self.offset += n
         return out
+
+    def _truncated(self, have: int, n: int) -> CheckpointError:
+        return CheckpointError(
+            f"file is truncated at byte {self.offset + have} "
+            f"(expected at least {self.offset + n} bytes)"
+        )
+
+    def recycle(self, buf: bytearray) -> None:
+        """Hand ``buf`` (from ``read``, no longer referenced) back for the next tensor."""
+        if self._buffers is not None:
+            self._buffers.give(buf)
 
     def read_rest(self) -> bytes:
         rest = self._head + self._source.read()
@@ -136,10 +180,11 @@ def clean(
             size = len(head) + _copy(source, spool)
             spans = _check_spans(fmt.read_spans(spool, size), 0)
             spool.seek(0)
-            _clean_spans(_Reader(b"", spool), bytearray(), spans, fmt.key, sink, path, store,
-                         previous, show_progress, update_for)  # fmt: skip
+            reader = _Reader(b"", spool, _Recycler())
+            _clean_spans(reader, bytearray(), spans, fmt.key, sink, path, store, previous,
+                         show_progress, update_for)  # fmt: skip
         return
-    reader = _Reader(head, source)
+    reader = _Reader(head, source, _Recycler())
     glue = bytearray()
 
     def read_header(n: int) -> bytes:
@@ -239,7 +284,11 @@ def _clean_spans(
                 shape=span.shape,
             )
         assert chain is not None
-        return TensorEntry(span.dtype, span.shape, digest, chain)
+        entry = TensorEntry(span.dtype, span.shape, digest, chain)
+        # Hashed, and stored if it changed: nothing refers to these bytes any more (the
+        # job is dropped), so the next tensor of this size is read into them.
+        reader.recycle(job.data)
+        return entry
 
     tensors: dict[str, TensorEntry] = {}
     for job_span, entry in zip(
