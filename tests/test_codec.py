@@ -309,3 +309,19 @@ def test_c_diff_stats_match_the_numpy_summary(dtype: str, data: st.DataObject) -
         assert c_value == pytest.approx(numpy_value, rel=1e-9) or (
             math.isinf(c_value) and math.isinf(numpy_value)
         )
+
+
+def test_recycled_buffers_are_reused_by_size_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(codec, "_spare", {})
+    monkeypatch.setattr(codec, "_spare_bytes", 0)
+    monkeypatch.setattr(codec, "SPARE_MAX", 1000)
+    a = codec.new_buffer(600)
+    codec.recycle(a)
+    assert codec.new_buffer(600) is a  # same size: the same memory again
+    assert codec.new_buffer(600) is not a  # handed out once only
+    codec.recycle(a)
+    codec.recycle(codec.new_buffer(600))  # over SPARE_MAX: dropped, not kept
+    codec.recycle(b"x" * 600)  # immutable: never written into
+    codec.recycle(memoryview(bytearray(600)))
+    assert codec._spare_bytes == 600
+    assert codec.new_buffer(599) is not a

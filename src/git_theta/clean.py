@@ -7,7 +7,6 @@ while the next tensor is read. An unchanged tensor costs a hash, not an encode.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 from typing import IO, TYPE_CHECKING
 
@@ -27,45 +26,14 @@ if TYPE_CHECKING:
 
 _PEEK = SNIFF_MAX
 _STEP = 64 << 20  # steps for a tensor too large to reserve at once
-_RECYCLE = 64 << 20  # bytes of spare tensor buffers kept for reuse
-
-
-class _Recycler:
-    """Tensor buffers given back once hashed (and encoded, if changed), handed out again
-    for the next tensor of the same size: a model repeats its layers' shapes. Fresh memory
-    costs a page fault per 4 KiB on first touch; without reuse, adding a 250 MB file took
-    50,000 faults, ~0.2 s of system time on a 2-core VM."""
-
-    def __init__(self, limit: int = _RECYCLE):
-        self._free: dict[int, list[bytearray]] = {}
-        self._held = 0
-        self._limit = limit
-        self._lock = threading.Lock()  # given back from worker threads
-
-    def take(self, n: int) -> bytearray:
-        with self._lock:
-            spare = self._free.get(n)
-            if spare:
-                self._held -= n
-                return spare.pop()
-        return codec.new_buffer(n)
-
-    def give(self, buf: bytearray) -> None:
-        """Take ``buf`` back for reuse; the caller must hold no other reference to it."""
-        n = len(buf)
-        with self._lock:
-            if self._held + n <= self._limit:
-                self._free.setdefault(n, []).append(buf)
-                self._held += n
 
 
 class _Reader:
     """Reads the source in order, replaying the peeked head, counting the offset."""
 
-    def __init__(self, head: bytes, source: Source, buffers: _Recycler | None = None):
+    def __init__(self, head: bytes, source: Source):
         self._head = head
         self._source = source
-        self._buffers = buffers
         self.offset = 0
 
     def read(self, n: int) -> bytearray:
@@ -76,7 +44,7 @@ class _Reader:
         reserve is read in steps, growing with what arrives, and fails the same way.
         """
         try:
-            out = self._buffers.take(n) if self._buffers is not None else codec.new_buffer(n)
+            out = codec.new_buffer(n)  # a recycled one when a tensor of this size was done
         except MemoryError:
             return self._read_in_steps(n)
         view = memoryview(out)
@@ -108,11 +76,6 @@ class _Reader:
             f"file is truncated at byte {self.offset + have} "
             f"(expected at least {self.offset + n} bytes)"
         )
-
-    def recycle(self, buf: bytearray) -> None:
-        """Hand ``buf`` (from ``read``, no longer referenced) back for the next tensor."""
-        if self._buffers is not None:
-            self._buffers.give(buf)
 
     def read_rest(self) -> bytes:
         rest = self._head + self._source.read()
@@ -180,11 +143,11 @@ def clean(
             size = len(head) + _copy(source, spool)
             spans = _check_spans(fmt.read_spans(spool, size), 0)
             spool.seek(0)
-            reader = _Reader(b"", spool, _Recycler())
+            reader = _Reader(b"", spool)
             _clean_spans(reader, bytearray(), spans, fmt.key, sink, path, store, previous,
                          show_progress, update_for)  # fmt: skip
         return
-    reader = _Reader(head, source, _Recycler())
+    reader = _Reader(head, source)
     glue = bytearray()
 
     def read_header(n: int) -> bytes:
@@ -287,7 +250,7 @@ def _clean_spans(
         entry = TensorEntry(span.dtype, span.shape, digest, chain)
         # Hashed, and stored if it changed: nothing refers to these bytes any more (the
         # job is dropped), so the next tensor of this size is read into them.
-        reader.recycle(job.data)
+        codec.recycle(job.data)
         return entry
 
     tensors: dict[str, TensorEntry] = {}

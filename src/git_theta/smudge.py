@@ -20,6 +20,7 @@ from git_theta.protocol.filter_process import Sink, Source
 from git_theta.store import ObjectRef, ObjectStore
 
 Fetch = Callable[[Iterable[ObjectRef]], None]
+AHEAD = 32 << 20  # bytes of objects decoded ahead of what git has taken
 
 
 def needed_objects(manifest: Manifest) -> list[tuple[str, ObjectRef]]:
@@ -105,7 +106,10 @@ def write_checkpoint(
         entry = manifest.tensors[name]
         return 0 if chains.streamable(entry) else sum(link.ref.size for link in entry.chain)
 
-    values = ordered_map(rebuild, names, weight)
+    # git, taking the bytes, is the slow end: decoding further ahead only holds more fresh
+    # memory (GPT-2 FP32: 128 MB ahead took 45,000 page faults and 261 MB; 32 MB ahead,
+    # 32,000 and 138 MB, no slower).
+    values = ordered_map(rebuild, names, weight, budget=AHEAD)
     glue_pos = 0
     for item in manifest.layout:
         if isinstance(item, int):
@@ -115,10 +119,12 @@ def write_checkpoint(
             value = next(values)
             if value is None:
                 for piece in chains.stream(item, manifest.tensors[item], store):
-                    sink.write(piece)
+                    sink.write(piece)  # copied or written out: the sink keeps no reference
                     progress.advance(len(piece), 0)
+                    codec.recycle(piece)
                 progress.advance(0)
             else:
                 sink.write(value)
                 progress.advance(len(value))
+                codec.recycle(value)
     progress.close()
