@@ -42,6 +42,28 @@ def test_large_input_and_both_outputs_cannot_deadlock(cwd: str | None) -> None:
     assert done.stderr == data
 
 
+def test_a_child_writing_more_than_it_reads_cannot_deadlock() -> None:
+    """The child answers each 4 KiB it reads with 1 MiB of output before reading on: a
+    blocking write of our input would wait on it while it waits on us."""
+    import sys
+    import threading
+
+    amplify = (
+        "import sys\n"
+        "while chunk := sys.stdin.buffer.read1(4096):\n"
+        "    sys.stdout.buffer.write(chunk * 256); sys.stdout.buffer.flush()\n"
+    )
+    data = os.urandom(256 << 10)
+    done: list[object] = []
+    worker = threading.Thread(
+        target=lambda: done.append(run(sys.executable, "-c", amplify, stdin=data)), daemon=True
+    )
+    worker.start()
+    worker.join(30)
+    assert done, "run() deadlocked"
+    assert len(done[0].stdout) == 256 * len(data)  # type: ignore[attr-defined]
+
+
 def test_without_input_the_child_reads_nothing() -> None:
     """The filter's own stdin is git's pipe: a child must never read from it."""
     assert run("cat").stdout == b""

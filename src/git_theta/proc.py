@@ -92,6 +92,9 @@ def _spawn(argv: tuple[str, ...], feed: bytes | None) -> Finished:
         poll.register(fd, select.POLLIN)
     pending = memoryview(feed or b"")
     if to_child >= 0:
+        # Non-blocking: a write that waited for the child to read could wait forever while
+        # the child waits for us to read its output.
+        os.set_blocking(to_child, False)
         poll.register(to_child, select.POLLOUT)
     try:
         open_fds = len(chunks) + (to_child >= 0)
@@ -100,6 +103,8 @@ def _spawn(argv: tuple[str, ...], feed: bytes | None) -> Finished:
                 if fd == to_child:
                     try:
                         pending = pending[os.write(fd, pending[:_READ]) :]
+                    except BlockingIOError:  # full after all: poll again
+                        continue
                     except BrokenPipeError:  # the child stopped reading: it sees EOF anyway
                         pending = pending[:0]
                     if not pending:
