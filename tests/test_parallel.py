@@ -88,3 +88,8 @@ def test_submit_from_many_threads_starts_at_most_the_pool_size() -> None:
     finally:
         pool.shutdown()
     assert not [t for t in threading.enumerate() if t.name.startswith("test-")]
+
+
+def test_a_pool_without_workers_is_refused() -> None:
+    with pytest.raises(ValueError, match="at least one worker"):
+        Pool(0)

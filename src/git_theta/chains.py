@@ -142,7 +142,7 @@ def stream(name: str, entry: TensorEntry, store: ObjectStore) -> Iterator[bytear
                 return data
 
             for piece in codec.decode_stream(read, chunk_pool()):
-                content.update(piece)
+                content.update(piece)  # before the yield: the consumer recycles the piece
                 yield piece
     except ThetaError as exc:
         raise type(exc)(f"tensor {name!r}: {exc}") from None

@@ -41,11 +41,14 @@ class _Reader:
 
         The buffer is reserved, not touched, before the bytes arrive, so a header claiming
         a huge tensor uses no memory: it fails as truncated. A claim too large even to
-        reserve is read in steps, growing with what arrives, and fails the same way.
+        reserve (or, without the C kernel, anything over 64 MB, as a plain bytearray is
+        zero-filled at once) is read in steps, growing with what arrives.
         """
+        if n > _STEP and codec._native is None:  # bytearray(n) would zero-fill all n now
+            return self._read_in_steps(n)
         try:
             out = codec.new_buffer(n)  # a recycled one when a tensor of this size was done
-        except MemoryError:
+        except (MemoryError, OverflowError):  # more than can be reserved, or addressed
             return self._read_in_steps(n)
         view = memoryview(out)
         have = min(len(self._head), n)

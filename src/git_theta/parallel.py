@@ -68,9 +68,12 @@ def _work(jobs: SimpleQueue[_Job | None]) -> None:
 
 
 class Pool:
-    """A fixed number of daemon worker threads serving one queue of calls."""
+    """A fixed number of daemon worker threads serving one queue of calls. Call
+    ``shutdown`` when done (idle workers otherwise wait for work until the process ends)."""
 
     def __init__(self, workers: int = WORKERS, name: str = "theta"):
+        if workers < 1:
+            raise ValueError("a pool needs at least one worker")
         self._jobs: SimpleQueue[_Job | None] = SimpleQueue()
         self._workers = workers
         self._name = name
