@@ -31,6 +31,8 @@ from git_theta.errors import ObjectCorruptError
 from git_theta.parallel import Pool, pipelined
 
 if TYPE_CHECKING:
+    import mmap
+
     import zstandard
 
 _native: ModuleType | None
@@ -340,7 +342,7 @@ def _chunk_starts(view: memoryview, layout: Layout, length: int, chunk_words: in
     return starts
 
 
-def decode(obj: bytes | memoryview, pool: Pool | None = None) -> bytearray:
+def decode(obj: bytes | memoryview | mmap.mmap, pool: Pool | None = None) -> bytearray:
     """Return the bytes stored in content object ``obj``.
 
     Raises ObjectCorruptError when the object is malformed or of an unknown version.
@@ -357,7 +359,7 @@ def _ignore(start: int, chunk: memoryview) -> None:
 
 
 def decode_each(
-    obj: bytes | memoryview,
+    obj: bytes | memoryview | mmap.mmap,
     each: Callable[[int, memoryview], None],
     pool: Pool | None = None,
 ) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from git_theta import codec
-from git_theta.updates.base import CLEAR_WIN, Buffer, UpdateType
+from git_theta.updates.base import CLEAR_WIN, Buffer, Payload, UpdateType
 from git_theta.updates.dense import Dense
 from git_theta.updates.layout import itemsize
 
@@ -65,5 +65,5 @@ class Auto(UpdateType):
         dense = Dense()
         return self.pick(new, prev, dtype, lambda: dense.encode(new, None, dtype))[1]
 
-    def apply(self, prev: bytearray | None, payload: bytes, dtype: str) -> bytearray:
+    def apply(self, prev: bytearray | None, payload: Payload, dtype: str) -> bytearray:
         raise NotImplementedError("auto is never recorded in a manifest")

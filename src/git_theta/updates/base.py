@@ -7,8 +7,10 @@ from collections.abc import Callable
 from typing import ClassVar
 
 from git_theta.errors import UsageError
+from git_theta.store import ObjectBytes
 
 Buffer = bytes | bytearray | memoryview
+Payload = ObjectBytes  # a stored update: bytes, or a read-only mapping of its object file
 # An update smaller than this fraction of the previous dense value cannot lose to a new
 # dense value worth computing: auto and the chain bound skip that encode.
 CLEAR_WIN = 0.25
@@ -54,11 +56,13 @@ class UpdateType(ABC):
         """
         raise UsageError(f"update type {self.key!r} takes no --update-path")
 
-    def summary(self, payload: bytes) -> str:
+    def summary(self, payload: Payload) -> str:
         """One line on what a stored update says about the change (for diffs), if any."""
         return ""
 
     @abstractmethod
-    def apply(self, prev: bytearray | None, payload: bytes, dtype: str) -> bytearray:
+    def apply(self, prev: bytearray | None, payload: Payload, dtype: str) -> bytearray:
         """Return the new value from the previous value and the payload. ``prev`` belongs
-        to the caller's chain and is not used again: an update may change it in place."""
+        to the caller's chain and is not used again: an update may change it in place.
+        ``payload`` is bytes or a read-only mmap of the object: slicing either gives
+        bytes, and ``memoryview(payload)`` reads it without a copy."""

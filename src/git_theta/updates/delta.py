@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from git_theta import codec
 from git_theta.errors import ObjectCorruptError
 from git_theta.parallel import chunk_pool
-from git_theta.updates.base import Buffer, UpdateType
+from git_theta.updates.base import Buffer, Payload, UpdateType
 from git_theta.updates.layout import itemsize
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ class Delta(UpdateType):
             z = _zigzag(new, prev, size).tobytes()
         return codec.encode(z, codec.Layout(size), pool=chunk_pool())
 
-    def apply(self, prev: bytearray | None, payload: bytes, dtype: str) -> bytearray:
+    def apply(self, prev: bytearray | None, payload: Payload, dtype: str) -> bytearray:
         size = _size(dtype)
         native = codec._native
         if native is not None and prev is not None:

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 from git_theta import codec
 from git_theta.parallel import chunk_pool
-from git_theta.updates.base import Buffer, UpdateType
+from git_theta.updates.base import Buffer, Payload, UpdateType
 from git_theta.updates.layout import layout_for
 
 
@@ -22,5 +22,5 @@ class Dense(UpdateType):
         """The dense object part by part, never all in memory (for fresh values)."""
         return codec.encode_stream(new, layout_for(dtype), pool=chunk_pool())
 
-    def apply(self, prev: bytearray | None, payload: bytes, dtype: str) -> bytearray:
+    def apply(self, prev: bytearray | None, payload: Payload, dtype: str) -> bytearray:
         return codec.decode(payload, pool=chunk_pool())

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from git_theta import codec
 from git_theta.dtypes import FLOAT_KINDS
 from git_theta.errors import ObjectCorruptError, UsageError
-from git_theta.updates.base import Buffer, UpdateType
+from git_theta.updates.base import Buffer, Payload, UpdateType
 from git_theta.updates.delta import _UNSIGNED, _size, _unzigzag, _zigzag
 from git_theta.updates.layout import layout_for
 
@@ -212,10 +212,10 @@ class Factored(UpdateType):
         text = json.dumps(header, sort_keys=True).encode()
         return self.key, [MAGIC, _LEN.pack(len(text)), text, *blobs, *correction]
 
-    def summary(self, payload: bytes) -> str:
+    def summary(self, payload: Payload) -> str:
         return _summary(self.kind, payload) if payload[:4] == MAGIC else ""
 
-    def apply(self, prev: bytearray | None, payload: bytes, dtype: str) -> bytearray:
+    def apply(self, prev: bytearray | None, payload: Payload, dtype: str) -> bytearray:
         if prev is None or payload[:4] != MAGIC:
             raise ObjectCorruptError(f"not a {self.kind} update object")
         (length,) = _LEN.unpack_from(payload, 4)
@@ -245,7 +245,7 @@ class Factored(UpdateType):
         return _unzigzag(np.frombuffer(correction, dtype=_UNSIGNED[size]), guess, size)
 
 
-def _summary(kind: str, payload: bytes) -> str:
+def _summary(kind: str, payload: Payload) -> str:
     import numpy as np
 
     (length,) = _LEN.unpack_from(payload, 4)

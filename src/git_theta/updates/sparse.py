@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from git_theta import codec
 from git_theta.errors import ObjectCorruptError
-from git_theta.updates.base import Buffer, UpdateType
+from git_theta.updates.base import Buffer, Payload, UpdateType
 from git_theta.updates.layout import itemsize, layout_for
 
 _HEAD = struct.Struct("<4sBQQ")  # magic, itemsize, count, length of the positions object
@@ -52,7 +52,7 @@ class Sparse(UpdateType):
         count = len(gaps) // 8
         return [_HEAD.pack(MAGIC, size, count, len(positions)), positions, *values]
 
-    def apply(self, prev: bytearray | None, payload: bytes, dtype: str) -> bytearray:
+    def apply(self, prev: bytearray | None, payload: Payload, dtype: str) -> bytearray:
         if prev is None:
             raise ObjectCorruptError("a sparse update needs a previous value")
         magic, size, count, plen = _HEAD.unpack_from(payload)
@@ -79,6 +79,6 @@ class Sparse(UpdateType):
         target[where] = _elements(values, size)
         return out
 
-    def summary(self, payload: bytes) -> str:
+    def summary(self, payload: Payload) -> str:
         _, _, count, _ = _HEAD.unpack_from(payload)
         return f"sparse update of {count:,} elements"
