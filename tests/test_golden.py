@@ -75,3 +75,27 @@ def test_large_tensors_stream_and_still_verify(tmp_path: Path, monkeypatch: Monk
     path.write_bytes(bytes(corrupt))
     with pytest.raises(ObjectCorruptError, match=f"tensor 'big': .*{oid}"):
         smudge(io.BytesIO(manifest.getvalue()), io.BytesIO(), "m.safetensors", store, False)
+
+
+def test_objects_read_without_mmap_are_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Objects are mapped, not copied; where a file system cannot map a file, they are
+    read, and checkout is the same."""
+    import mmap
+
+    from git_theta import store as store_module
+
+    data = (GOLDEN / "v1.safetensors").read_bytes()
+    manifest = io.BytesIO()
+    clean(io.BytesIO(data), manifest, "v1.safetensors", ObjectStore(tmp_path), None, False)
+
+    def refuse(*_args: object, **_kwargs: object) -> mmap.mmap:
+        raise OSError(19, "No such device")
+
+    for mapped in (True, False):
+        if not mapped:
+            monkeypatch.setattr(store_module.mmap, "mmap", refuse)
+        out = io.BytesIO()
+        smudge(io.BytesIO(manifest.getvalue()), out, "v1.safetensors", ObjectStore(tmp_path), False)
+        assert out.getvalue() == data

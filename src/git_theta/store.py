@@ -142,7 +142,10 @@ class ObjectStore:
             with open(self.path(ref.oid), "rb") as fh:
                 if os.fstat(fh.fileno()).st_size == 0:
                     return b""  # an empty file cannot be mapped
-                return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+                try:
+                    return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+                except OSError:  # a file system that cannot map files: read it
+                    return fh.read()
         except FileNotFoundError:
             raise ObjectMissingError(f"object {ref.oid} is not in the local store") from None
 
