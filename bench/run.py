@@ -161,7 +161,10 @@ def hermetic_env(work: Path) -> dict[str, str]:
     home.mkdir(parents=True, exist_ok=True)
     gitconfig = home / ".gitconfig"
     gitconfig.touch()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    # Neither git's variables nor PYTHONUNBUFFERED (which users do not set) leak in.
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("GIT_") and k != "PYTHONUNBUFFERED"
+    }
     env.update(
         HOME=str(home),
         XDG_CONFIG_HOME=str(home / ".config"),

@@ -29,6 +29,9 @@ def hermetic_git(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
         monkeypatch.setenv(f"GIT_{who}_DATE", "2026-01-01T00:00:00Z")
     monkeypatch.setenv("PATH", BIN + os.pathsep + os.environ["PATH"])
     monkeypatch.setenv("GIT_THETA_QUIET", "1")
+    # Users do not run git with Python's output unbuffered: a filter that forgets a
+    # flush must hang here as it would for them (this machine's shell sets it).
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)
     monkeypatch.delenv("GIT_DIR", raising=False)
     monkeypatch.delenv("GIT_WORK_TREE", raising=False)
     (home / ".gitconfig").write_text("[init]\n\tdefaultBranch = main\n")

@@ -85,6 +85,7 @@ def serve(
     if read_text_list(inp) != ["git-filter-client", "version=2"]:
         raise ProtocolError("unexpected filter handshake from git")
     write_text(out, "git-filter-server", "version=2")
+    out.flush()  # git waits for this before it sends its capabilities
     offered = {line.removeprefix("capability=") for line in read_text_list(inp)}
     write_text(out, *(f"capability={c}" for c in ("clean", "smudge") if c in offered))
     out.flush()
