@@ -96,23 +96,29 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def filter_process_command() -> int:
+    """Serve git's filter requests on stdin/stdout; return the exit code, output flushed."""
+    try:
+        from git_theta.commands.filter import filter_process
+
+        code = filter_process()
+    except Exception as exc:
+        code = report(exc)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # git closed it already
+            stream.flush()
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command and return its exit code."""
     if (sys.argv[1:] if argv is None else argv) == ["filter-process"]:
         # git starts this for every command that touches a checkpoint; argparse alone
         # costs 15 ms of that start-up.
-        try:
-            from git_theta.commands.filter import filter_process
-
-            code = filter_process()
-        except Exception as exc:
-            code = report(exc)
+        code = filter_process_command()
         if argv is None:  # the real process, not a test calling main()
             # Interpreter teardown (module finalisation, the helper thread) added 20-40 ms
             # to every git command; every file has been answered and closed by now.
-            for stream in (sys.stdout, sys.stderr):
-                with contextlib.suppress(OSError, ValueError):  # git closed it already
-                    stream.flush()
             os._exit(code)
         return code
     args = _parser().parse_args(argv)
