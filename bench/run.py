@@ -58,6 +58,9 @@ def log(message: str) -> None:
 # --- running commands, watching the memory of their process tree -------------------
 
 
+SERVER = "git-theta-srv"  # the warm filter server's process name (git_theta.forkserver)
+
+
 def _proc_tree() -> dict[int, list[tuple[int, str]]]:
     """Map each pid to its children's (pid, command name), read from /proc/*/stat."""
     tree: dict[int, list[tuple[int, str]]] = {}
@@ -101,7 +104,9 @@ class TreeSampler:
     def _loop(self) -> None:
         while not self._stop.is_set():
             tree = _proc_tree()
-            todo = [self.root]
+            # The warm filter server's workers serve git but are the server's children.
+            servers = [pid for kids in tree.values() for pid, comm in kids if comm == SERVER]
+            todo = [self.root, *(kid for pid in servers for kid in tree.get(pid, []))]
             while todo:
                 pid, comm = todo.pop()
                 self.peaks[comm] = max(self.peaks.get(comm, 0), _peak_kb(pid))

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,8 +19,33 @@ from git_theta.commands.cli import main
 BIN = str(Path(sys.executable).parent)
 
 
+def _kill_servers(directory: Path) -> None:
+    """Stop the warm filter servers whose sockets live in ``directory``."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"git_theta.forkserver" in argv and any(str(directory).encode() in a for a in argv):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(proc.name), signal.SIGTERM)
+
+
+@pytest.fixture(scope="session")
+def server_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One private socket directory for the whole run: its server is stopped at the end."""
+    path = tmp_path_factory.mktemp("servers")
+    path.chmod(0o700)
+    yield path
+    _kill_servers(path)
+
+
 @pytest.fixture(autouse=True)
-def hermetic_git(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+def hermetic_git(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch, server_dir: Path
+) -> Path:
     home = tmp_path_factory.mktemp("home")
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(home / ".gitconfig"))
@@ -32,6 +59,11 @@ def hermetic_git(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
     # Users do not run git with Python's output unbuffered: a filter that forgets a
     # flush must hang here as it would for them (this machine's shell sets it).
     monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)
+    # Filters go through a warm server, as for users, whose socket is this run's own.
+    monkeypatch.setenv("GIT_THETA_SERVER_DIR", str(server_dir))
+    monkeypatch.setenv("GIT_THETA_SERVER_IDLE", "300")
+    monkeypatch.delenv("GIT_THETA_SERVER", raising=False)
+    monkeypatch.delenv("GIT_THETA_SERVER_TRACE", raising=False)
     monkeypatch.delenv("GIT_DIR", raising=False)
     monkeypatch.delenv("GIT_WORK_TREE", raising=False)
     (home / ".gitconfig").write_text("[init]\n\tdefaultBranch = main\n")

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 
-from git_theta import git
+from git_theta import filter_client, git
 from git_theta.errors import ThetaError
 from git_theta.hooks import HooksElsewhereError, install_hooks
 
+
+def process_command() -> str:
+    """What git runs as the long-running filter: this interpreter, without site-packages
+    (10 ms to start), on the client that hands git's pipes to a warm filter server."""
+    return shlex.join([sys.executable, "-I", "-S", filter_client.__file__])
+
+
 SETTINGS = (
-    ("filter.theta.process", "git-theta filter-process"),
     ("filter.theta.clean", "git-theta clean -- %f"),
     ("filter.theta.smudge", "git-theta smudge -- %f"),
     ("filter.theta.required", "true"),
@@ -31,7 +38,7 @@ def install(scope: str) -> int:
     """Write git-theta's config in ``scope``; fail when git-lfs is missing."""
     if git.lfs_version() is None:
         raise ThetaError(LFS_MISSING)
-    for key, value in SETTINGS:
+    for key, value in (("filter.theta.process", process_command()), *SETTINGS):
         git.config_set(key, value, scope)
     sys.stderr.write(f"git-theta: configured git ({scope})\n")
     if git.inside_work_tree():

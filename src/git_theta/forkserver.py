@@ -1,0 +1,215 @@
+"""A warm filter: a process that has imported the filter and forks a copy per git command.
+
+``git_theta.filter_client`` (what git runs) connects, passes git's pipes, its working
+directory and environment; the server forks, and the copy becomes exactly what
+``git-theta filter-process`` would have been after its imports: it takes the pipes, the
+directory and the environment, serves git, and sends back its exit code. The server
+itself never filters, so every copy starts from the same untouched state; it is single
+threaded, so forking is safe.
+
+It refuses (and exits) when any module it has loaded changed on disk since it started
+(an upgrade), serves only its own user (the socket's directory is private; the peer's uid
+is checked too), and exits after ``GIT_THETA_SERVER_IDLE`` seconds without a request
+(default 900) or when its socket is removed or taken over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import socket
+import struct
+import sys
+import time
+
+from git_theta.filter_client import ACCEPTED, FDS, REFUSED
+
+SERVER_NAME = "git-theta-srv"
+IDLE = 900.0  # seconds without a request before the server exits
+_CHECK = 5.0  # how often an idle server checks that its socket is still its own
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+def _warm() -> None:
+    """Import what adds and checkouts of safetensors files use (not NumPy: it is large, and
+    only low-rank adds and a few formats load it)."""
+    import zstandard  # noqa: F401
+
+    import git_theta.chains
+    import git_theta.clean
+    import git_theta.commands.cli
+    import git_theta.commands.filter
+    import git_theta.formats.safetensors
+    import git_theta.smudge
+    import git_theta.update_rules
+    import git_theta.updates.auto
+    import git_theta.updates.delta
+    import git_theta.updates.sparse  # noqa: F401
+
+
+def _fingerprint() -> dict[str, tuple[int, int]]:
+    """(mtime, size) of every loaded module's file: what an upgrade would change."""
+    out: dict[str, tuple[int, int]] = {}
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if isinstance(path, str):
+            try:
+                st = os.stat(path)
+            except OSError:
+                out[path] = (-1, -1)
+            else:
+                out[path] = (st.st_mtime_ns, st.st_size)
+    return out
+
+
+class Server:
+    def __init__(self, path: str, idle: float = IDLE):
+        self.path = path
+        self.idle = idle
+        self._fingerprint = _fingerprint()
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        # Bound under a private name, then renamed over the path: a client never meets a
+        # half-made socket, and of two servers started at once the last one wins.
+        tmp = f"{path}.{os.getpid()}"
+        self._listener.bind(tmp)
+        os.chmod(tmp, 0o600)
+        self._listener.listen(64)
+        os.rename(tmp, path)
+        self._inode = os.stat(path).st_ino
+
+    def _ours(self) -> bool:
+        try:
+            return os.stat(self.path).st_ino == self._inode
+        except OSError:
+            return False
+
+    def serve(self) -> None:
+        last = time.monotonic()
+        try:
+            while True:
+                ready, _, _ = select.select([self._listener], [], [], min(_CHECK, self.idle))
+                _reap()
+                if not ready:
+                    if time.monotonic() - last > self.idle or not self._ours():
+                        return
+                    continue
+                conn, _ = self._listener.accept()
+                last = time.monotonic()
+                if not self._handle(conn):
+                    return
+        finally:
+            if self._ours():
+                os.unlink(self.path)
+            self._listener.close()
+
+    def _handle(self, conn: socket.socket) -> bool:
+        """Serve one client; return False when this server must stop (it is stale)."""
+        fds: list[int] = []
+        try:
+            peer = _PEERCRED.unpack(
+                conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+            )
+            if peer[1] != os.getuid():
+                return True
+            conn.settimeout(_CHECK)  # a client stuck mid-request must not stall the rest
+            data, ancillary, _, _ = conn.recvmsg(1 << 16, socket.CMSG_SPACE(4 * len(FDS)))
+            for level, kind, payload in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    usable = len(payload) - len(payload) % 4
+                    fds += struct.unpack(f"{usable // 4}i", payload[:usable])
+            while data and (len(data) < 4 or len(data) < 4 + int.from_bytes(data[:4], "little")):
+                more = conn.recv(1 << 16)
+                if not more:
+                    return True
+                data += more
+            if len(fds) != len(FDS) or len(data) != 4 + int.from_bytes(data[:4], "little"):
+                return True
+            conn.settimeout(None)
+            if _fingerprint() != self._fingerprint:  # upgraded under us: make way
+                conn.sendall(REFUSED)
+                return False
+            conn.sendall(ACCEPTED)
+            if os.fork() == 0:
+                self._listener.close()
+                _child(conn, fds, data[4:])  # never returns
+            return True
+        except OSError:
+            return True
+        finally:
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+
+
+def _name(name: str) -> None:
+    """Set the process name ps and top show (Linux; 15 characters at most)."""
+    with contextlib.suppress(OSError), open("/proc/self/comm", "w") as fh:
+        fh.write(name)
+
+
+def _reap() -> None:
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+
+
+def _child(conn: socket.socket, fds: list[int], request: bytes) -> None:
+    """Become the filter for the client's git command, then exit with its code."""
+    code = 1
+    try:
+        conn.sendall(os.getpid().to_bytes(4, "little"))  # the client forwards signals here
+        _name("git-theta")  # what git's own filter process would be called
+        for target, fd in zip(FDS, fds, strict=True):
+            os.dup2(fd, target)
+        for fd in fds:
+            os.close(fd)
+        fds.clear()  # the caller's finally must not close them again (never reached)
+        cwd, *env = request.split(b"\0")
+        os.chdir(cwd)
+        os.environb.clear()
+        for entry in env:
+            key, sep, value = entry.partition(b"=")
+            if sep and key:
+                os.environb[key] = value
+        # Fresh streams on the new descriptors, buffered as a filter's own would be.
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", closefd=False, buffering=1, errors="backslashreplace")  # noqa: SIM115
+        if os.environ.get("GIT_THETA_SERVER_TRACE") == "1":
+            sys.stderr.write(f"git-theta: served by filter server {os.getppid()}\n")
+        from git_theta.commands.cli import filter_process_command
+
+        code = filter_process_command()
+    except BaseException:  # a copy must never return into the server's loop
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            conn.sendall(code.to_bytes(4, "little", signed=True))
+        finally:
+            os._exit(code)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        sys.stderr.write("usage: python -m git_theta.forkserver SOCKET\n")
+        return 2
+    os.chdir("/")  # hold no repository's directory
+    _name(SERVER_NAME)
+    idle = float(os.environ.get("GIT_THETA_SERVER_IDLE") or IDLE)
+    _warm()
+    try:
+        server = Server(argv[0], idle)
+    except OSError as exc:
+        sys.stderr.write(f"git-theta: filter server: {exc}\n")
+        return 1
+    server.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,263 @@
+"""The warm filter server, through real git: what it serves, and when it steps aside."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import _kill_servers, git, sha256
+from st_files import f32, st_from_arrays
+
+import git_theta
+from git_theta import filter_client
+
+SHAPES = {"a.weight": (64, 32), "b.weight": (32, 16), "c.bias": (16,)}
+SERVED = "git-theta: served by filter server"
+
+
+@pytest.fixture
+def servers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A private socket directory of this test's own, its servers stopped afterwards."""
+    path = tmp_path / "servers"
+    path.mkdir(mode=0o700)
+    monkeypatch.setenv("GIT_THETA_SERVER_DIR", str(path))
+    monkeypatch.setenv("GIT_THETA_SERVER_TRACE", "1")
+    yield path
+    _kill_servers(path)
+
+
+def sock_path(servers: Path) -> Path:
+    return Path(filter_client.socket_path(str(servers)))
+
+
+def wait_for_server(servers: Path, timeout: float = 20.0) -> None:
+    """Wait until a server accepts connections on this directory's socket."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket(socket.AF_UNIX) as probe:
+            try:
+                probe.connect(str(sock_path(servers)))
+                return
+            except OSError:
+                time.sleep(0.05)
+    raise AssertionError("no filter server came up")
+
+
+def start_server(servers: Path, **env: str) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "git_theta.forkserver", str(sock_path(servers))],
+        env={**os.environ, **env},
+    )
+    wait_for_server(servers)
+    return proc
+
+
+def add(repo: Path, *paths: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["git", "add", *paths], cwd=repo, env={**os.environ, **env}, capture_output=True, text=True
+    )
+
+
+def chain_updates(repo: Path, name: str) -> list[str]:
+    manifest = json.loads(git(repo, "show", ":model.safetensors").stdout)
+    return [link["update"] for link in manifest["tensors"][name]["chain"]]
+
+
+def test_server_serves_adds_and_checkouts_with_the_callers_environment(
+    repo: Path, servers: Path
+) -> None:
+    arrays = f32(SHAPES, seed=3)
+    model = repo / "model.safetensors"
+    model.write_bytes(st_from_arrays(arrays))
+    first = add(repo, "model.safetensors")
+    assert first.returncode == 0, first.stderr
+    assert SERVED not in first.stderr  # none yet: this command filtered itself...
+    wait_for_server(servers)  # ...and started one for the next
+    git(repo, "commit", "-q", "-m", "v1")
+    v1 = sha256(model)
+
+    arrays["a.weight"][0, :4] += 1.0  # a sparse change, which auto would store sparse
+    model.write_bytes(st_from_arrays(arrays))
+    v2 = sha256(model)
+    second = add(repo, "model.safetensors", GIT_THETA_UPDATE_TYPE="dense")
+    assert second.returncode == 0, second.stderr
+    assert SERVED in second.stderr
+    assert chain_updates(repo, "a.weight") == ["dense"]  # the caller's variable reached it
+    git(repo, "commit", "-q", "-m", "v2")
+
+    checkout = subprocess.run(
+        ["git", "checkout", "-q", "HEAD~1", "--", "model.safetensors"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+    )
+    assert checkout.returncode == 0, checkout.stderr
+    assert SERVED in checkout.stderr
+    assert sha256(model) == v1
+    git(repo, "checkout", "-q", "HEAD", "--", "model.safetensors")
+    assert sha256(model) == v2
+
+
+def test_a_failing_add_reports_the_same_through_the_server(repo: Path, servers: Path) -> None:
+    start_server(servers)
+    (repo / "model.safetensors").write_bytes(st_from_arrays(f32(SHAPES, seed=4))[:-5])
+    served = add(repo, "model.safetensors")
+    direct = add(repo, "model.safetensors", GIT_THETA_SERVER="0")
+    assert SERVED in served.stderr
+    assert SERVED not in direct.stderr
+    assert served.returncode == direct.returncode != 0
+    assert served.stderr.replace(served.stderr.splitlines()[0] + "\n", "") == direct.stderr
+    assert "model.safetensors: file is truncated at byte" in direct.stderr
+    assert git(repo, "diff", "--cached", "--name-only").stdout == b""
+
+
+def test_an_upgraded_server_steps_aside(repo: Path, servers: Path) -> None:
+    old = start_server(servers)
+    module = Path(git_theta.__file__).with_name("registry.py")  # loaded by the server
+    before = module.stat()
+    try:
+        os.utime(module, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000_000))
+        model = repo / "model.safetensors"
+        model.write_bytes(st_from_arrays(f32(SHAPES, seed=5)))
+        done = add(repo, "model.safetensors")
+        assert done.returncode == 0, done.stderr
+        assert SERVED not in done.stderr  # refused: this command filtered itself
+        assert old.wait(timeout=20) == 0  # and the stale server left
+        wait_for_server(servers)  # a current one replaced it
+        git(repo, "commit", "-q", "-m", "v1")
+        sha = sha256(model)
+        model.unlink()
+        again = subprocess.run(
+            ["git", "checkout", "--", "model.safetensors"], cwd=repo, capture_output=True, text=True
+        )
+        assert SERVED in again.stderr
+        assert sha256(model) == sha
+    finally:
+        os.utime(module, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+@pytest.mark.parametrize("mode", [0o755, 0o701])
+def test_a_socket_directory_others_can_enter_is_not_used(
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: int
+) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(mode)
+    monkeypatch.setenv("GIT_THETA_SERVER_DIR", str(shared))
+    monkeypatch.setenv("GIT_THETA_SERVER_TRACE", "1")
+    (repo / "model.safetensors").write_bytes(st_from_arrays(f32(SHAPES, seed=6)))
+    try:
+        for _ in range(2):
+            done = add(repo, "model.safetensors")
+            assert done.returncode == 0, done.stderr
+            assert SERVED not in done.stderr
+        time.sleep(0.5)  # a server wrongly started would have made its socket by now
+        assert list(shared.iterdir()) == []
+    finally:
+        _kill_servers(shared)
+
+
+def test_server_off_by_variable(repo: Path, servers: Path) -> None:
+    (repo / "model.safetensors").write_bytes(st_from_arrays(f32(SHAPES, seed=7)))
+    for _ in range(2):
+        done = add(repo, "model.safetensors", GIT_THETA_SERVER="0")
+        assert done.returncode == 0, done.stderr
+        assert SERVED not in done.stderr
+    time.sleep(0.5)
+    assert list(servers.iterdir()) == []
+
+
+def test_an_idle_server_exits_and_removes_its_socket(servers: Path) -> None:
+    proc = start_server(servers, GIT_THETA_SERVER_IDLE="0.3")
+    assert proc.wait(timeout=20) == 0
+    assert not sock_path(servers).exists()
+
+
+def test_a_dead_servers_socket_is_replaced(repo: Path, servers: Path) -> None:
+    dead = socket.socket(socket.AF_UNIX)
+    dead.bind(str(sock_path(servers)))
+    dead.close()  # the file stays, nobody listens: as after a server was killed
+    model = repo / "model.safetensors"
+    model.write_bytes(st_from_arrays(f32(SHAPES, seed=8)))
+    done = add(repo, "model.safetensors")
+    assert done.returncode == 0, done.stderr
+    assert SERVED not in done.stderr
+    wait_for_server(servers)
+    arrays = f32(SHAPES, seed=9)
+    model.write_bytes(st_from_arrays(arrays))
+    assert SERVED in add(repo, "model.safetensors").stderr
+
+
+def test_commands_in_parallel_each_get_their_own_worker(
+    tmp_path: Path, repo: Path, servers: Path
+) -> None:
+    start_server(servers)
+    repos = [repo]
+    other = tmp_path / "other"
+    other.mkdir()
+    git(other, "init", "-q")
+    (other / ".gitattributes").write_text(
+        "*.safetensors filter=theta diff=theta merge=theta -text\n"
+    )
+    repos.append(other)
+    shas = []
+    for i, r in enumerate(repos):
+        arrays = {k: np.full(s, i + 1, np.float32) for k, s in SHAPES.items()}
+        (r / "model.safetensors").write_bytes(st_from_arrays(arrays))
+        shas.append(sha256(r / "model.safetensors"))
+    procs = [
+        subprocess.Popen(
+            ["git", "add", "-A"], cwd=r, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for r in repos
+    ]
+    for proc in procs:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        assert SERVED in err
+    for r, sha in zip(repos, shas, strict=True):
+        git(r, "commit", "-q", "-m", "v1")
+        (r / "model.safetensors").unlink()
+        git(r, "checkout", "--", "model.safetensors")
+        assert sha256(r / "model.safetensors") == sha
+
+
+def catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler installed for ``signum`` (Linux)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False
+
+
+def test_a_signal_to_the_client_reaches_the_worker(servers: Path) -> None:
+    start_server(servers)
+    # A client whose git never speaks: its worker waits for the handshake forever.
+    client = subprocess.Popen(
+        [sys.executable, "-I", "-S", filter_client.__file__],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert client.stderr is not None
+    try:
+        assert SERVED in client.stderr.readline().decode()
+        deadline = time.monotonic() + 20
+        while not catches(client.pid, signal.SIGTERM):  # forwarding is set up
+            assert time.monotonic() < deadline, "the client never forwarded signals"
+            time.sleep(0.01)
+        client.send_signal(signal.SIGTERM)
+        assert client.wait(timeout=20) == 1  # the worker was terminated, so no exit status
+        assert b"worker ended without an exit status" in client.stderr.read()
+    finally:
+        client.kill()
+        client.wait()
