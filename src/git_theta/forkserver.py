@@ -48,18 +48,22 @@ def _warm() -> None:
     import git_theta.updates.sparse  # noqa: F401
 
 
-def _fingerprint() -> dict[str, tuple[int, int]]:
-    """(mtime, size) of every loaded module's file: what an upgrade would change."""
-    out: dict[str, tuple[int, int]] = {}
-    for module in list(sys.modules.values()):
-        path = getattr(module, "__file__", None)
-        if isinstance(path, str):
-            try:
-                st = os.stat(path)
-            except OSError:
-                out[path] = (-1, -1)
-            else:
-                out[path] = (st.st_mtime_ns, st.st_size)
+def _loaded_files() -> list[str]:
+    """The files of every module loaded now (what the workers run)."""
+    files = (getattr(module, "__file__", None) for module in list(sys.modules.values()))
+    return sorted({path for path in files if isinstance(path, str)})
+
+
+def _fingerprint(paths: list[str]) -> list[tuple[int, int]]:
+    """(mtime, size) of each file: what an upgrade changes."""
+    out = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            out.append((-1, -1))
+        else:
+            out.append((st.st_mtime_ns, st.st_size))
     return out
 
 
@@ -67,7 +71,8 @@ class Server:
     def __init__(self, path: str, idle: float = IDLE):
         self.path = path
         self.idle = idle
-        self._fingerprint = _fingerprint()
+        self._files = _loaded_files()
+        self._fingerprint = _fingerprint(self._files)
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         # Bound under a private name, then renamed over the path: a client never meets a
         # half-made socket, and of two servers started at once the last one wins.
@@ -126,7 +131,7 @@ class Server:
             if len(fds) != len(FDS) or len(data) != 4 + int.from_bytes(data[:4], "little"):
                 return True
             conn.settimeout(None)
-            if _fingerprint() != self._fingerprint:  # upgraded under us: make way
+            if _fingerprint(self._files) != self._fingerprint:  # upgraded: make way
                 conn.sendall(REFUSED)
                 return False
             conn.sendall(ACCEPTED)
@@ -134,7 +139,7 @@ class Server:
                 self._listener.close()
                 _child(conn, fds, data[4:])  # never returns
             return True
-        except OSError:
+        except Exception:  # a client that breaks off or sends nonsense; serve the next
             return True
         finally:
             for fd in fds:
@@ -166,7 +171,6 @@ def _child(conn: socket.socket, fds: list[int], request: bytes) -> None:
             os.dup2(fd, target)
         for fd in fds:
             os.close(fd)
-        fds.clear()  # the caller's finally must not close them again (never reached)
         cwd, *env = request.split(b"\0")
         os.chdir(cwd)
         os.environb.clear()
