@@ -261,3 +261,69 @@ def test_a_signal_to_the_client_reaches_the_worker(servers: Path) -> None:
     finally:
         client.kill()
         client.wait()
+
+
+def test_a_work_tree_never_supplies_the_filters_modules(repo: Path, servers: Path) -> None:
+    # git runs the filter, and so starts the server, in the work tree of a cloned repo.
+    for name in ("json.py", "zstandard.py", "git_theta/__init__.py"):
+        (repo / name).parent.mkdir(exist_ok=True)
+        (repo / name).write_text(f"open({str(repo / 'RAN')!r}, 'a').write({name!r})\n")
+    model = repo / "model.safetensors"
+    model.write_bytes(st_from_arrays(f32(SHAPES, seed=10)))
+    assert add(repo, "model.safetensors").returncode == 0  # filters here, starts a server
+    wait_for_server(servers)
+    model.write_bytes(st_from_arrays(f32(SHAPES, seed=11)))
+    assert SERVED in add(repo, "model.safetensors").stderr
+    assert not (repo / "RAN").exists()
+
+
+def test_git_lfs_files_beside_theta_files_do_not_hang_git(repo: Path, servers: Path) -> None:
+    # git-lfs's filter starts first (its file sorts first), and the server started by our
+    # filter must not keep git's pipes to it open: git waits for git-lfs to see their end.
+    git(repo, "lfs", "install", "--local", "--skip-repo")
+    attributes = repo / ".gitattributes"
+    attributes.write_text(attributes.read_text() + "*.bin filter=lfs diff=lfs merge=lfs -text\n")
+    (repo / "a.bin").write_bytes(os.urandom(1000))
+    (repo / "model.safetensors").write_bytes(st_from_arrays(f32(SHAPES, seed=12)))
+    done = subprocess.run(
+        ["git", "add", "-A"], cwd=repo, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    wait_for_server(servers)
+    git(repo, "commit", "-q", "-m", "both")
+    (repo / "model.safetensors").write_bytes(st_from_arrays(f32(SHAPES, seed=13)))
+    (repo / "a.bin").write_bytes(os.urandom(1000))
+    done = subprocess.run(
+        ["git", "add", "-A"], cwd=repo, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert SERVED in done.stderr
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_objects_are_written_under_the_callers_umask(repo: Path, servers: Path, umask: int) -> None:
+    start_server(servers)
+    (repo / "model.safetensors").write_bytes(st_from_arrays(f32(SHAPES, seed=14 + umask)))
+    done = subprocess.run(  # a shell sets the umask: no fork of this threaded process
+        ["sh", "-c", f"umask {umask:03o} && exec git add model.safetensors"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert SERVED in done.stderr
+    objects = [p for p in (repo / ".git" / "lfs" / "objects").rglob("*") if p.is_file()]
+    assert objects
+    assert {p.stat().st_mode & 0o777 for p in objects} == {0o666 & ~umask}
+
+
+def test_a_caller_with_another_module_path_is_filtered_by_itself(
+    repo: Path, servers: Path, tmp_path: Path
+) -> None:
+    start_server(servers)
+    (repo / "model.safetensors").write_bytes(st_from_arrays(f32(SHAPES, seed=15)))
+    done = add(repo, "model.safetensors", PYTHONPATH=str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert SERVED not in done.stderr  # its workers would not see that path
+    git(repo, "commit", "-q", "-m", "v1")
+    assert git(repo, "show", "HEAD:model.safetensors").stdout.startswith(b"{")

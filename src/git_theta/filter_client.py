@@ -3,33 +3,42 @@
 Every git command that touches a checkpoint starts the filter, and a Python process that
 has imported the filter costs ~50 ms before it reads a byte (interpreter start and
 imports, on a 2-core VM). This script runs as ``python -I -S filter_client.py`` and
-imports only modules built into the interpreter (~10 ms). It passes its stdin, stdout and
-stderr, working directory and environment over a Unix socket to ``git_theta.forkserver``,
-a process that has imported the filter already and forks a copy of itself to serve this
-git command, and exits with that copy's exit code.
+imports only modules that need no site-packages (~10 ms). It passes its stdin, stdout and
+stderr, working directory, umask and environment over a Unix socket to
+``git_theta.forkserver``, a process that has imported the filter already and forks a
+worker to serve this git command, and exits with the worker's exit code.
 
-With no server to take the request (none running, another version's, a socket directory
-that is not private, no fork on this platform, ``GIT_THETA_SERVER=0``), it starts one for
-the next command and becomes the filter itself: ``python -m git_theta filter-process``.
+When no server takes the request it becomes the filter itself
+(``python -P -m git_theta filter-process``), and when none is running, or a stale one
+refused, it first starts one for the next command. No server is used off Linux, with
+``GIT_THETA_SERVER=0``, or when the socket's directory is not private.
 
-Nothing from git_theta is imported here: ``-S`` leaves site-packages off the path. The
-server imports this module for the socket's location, so both sides agree on it.
+Exchange, on one connection: the request (length-prefixed, with the three descriptors);
+the server answers REFUSED (stale: it exits), DECLINED (cannot serve this caller) or,
+from the forked worker, ACCEPTED and the worker's pid; the client sends GO, and only then
+does the worker touch the descriptors, so a client that gave up waiting and filters
+itself never shares git's pipes with a worker; last, the worker sends its exit code.
 """
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # signal would import enum
 import _socket
 import os
 import sys
 
-ACCEPTED, REFUSED = b"+", b"-"  # the server's first reply: it serves, or it is stale
+PROTOCOL = b"1"
+ACCEPTED, REFUSED, DECLINED, GO = b"+", b"-", b"=", b"!"
 FDS = (0, 1, 2)
-_LEN = 4  # bytes of the request's length prefix and of the exit code (little-endian)
+FORWARDED = (2, 1, 3, 15)  # SIGINT, SIGHUP, SIGQUIT, SIGTERM (the same on Linux)
+WAIT = 10.0  # seconds a client waits for the server's answer before filtering itself
+_LEN = 4  # bytes of the request's length prefix, the pid and the exit code
+_MAX_PATH = 107  # bytes of a Unix socket's path, without the final NUL
 
 
 def _key() -> str:
     """Which server this is: one per interpreter and installed copy of git-theta."""
-    import _blake2  # in the interpreter itself; hashlib would load OpenSSL
+    import _blake2  # no OpenSSL, unlike hashlib
 
     where = f"{sys.executable}\0{os.path.dirname(os.path.abspath(__file__))}"
     return _blake2.blake2b(where.encode(errors="surrogateescape"), digest_size=8).hexdigest()
@@ -46,6 +55,7 @@ def server_dir() -> str | None:
     if not base:
         runtime = os.environ.get("XDG_RUNTIME_DIR")
         base = os.path.join(runtime, "git-theta") if runtime else f"/tmp/git-theta-{os.getuid()}"
+    base = os.path.abspath(base)  # the server runs in /
     try:
         os.mkdir(base, 0o700)
     except FileExistsError:
@@ -64,10 +74,25 @@ def socket_path(directory: str) -> str:
     return os.path.join(directory, _key() + ".sock")
 
 
+def ignored_signals() -> list[int]:
+    """The forwarded signals this process ignores (nohup, a background job)."""
+    return [s for s in FORWARDED if _signal.getsignal(s) == _signal.SIG_IGN]
+
+
 def _request() -> bytes:
-    """Working directory, then the environment, NUL-separated, behind a length prefix."""
-    parts = [os.getcwdb(), *(k + b"=" + v for k, v in os.environb.items())]
-    body = b"\0".join(parts)
+    """What the worker must be like the filter in: NUL-separated fields, length-prefixed."""
+    mask = os.umask(0)
+    os.umask(mask)
+    fields = [
+        PROTOCOL,
+        os.getcwdb(),
+        b"%d" % mask,
+        b"%d" % os.getppid(),  # git, whose -q keeps progress quiet
+        b",".join(b"%d" % s for s in ignored_signals()),
+        b",".join(b"%d" % g for g in (os.getgid(), *sorted(os.getgroups()))),
+        *(k + b"=" + v for k, v in os.environb.items()),
+    ]
+    body = b"\0".join(fields)
     return len(body).to_bytes(_LEN, "little") + body
 
 
@@ -84,7 +109,6 @@ def _recv_exact(sock: _socket.socket, n: int) -> bytes:
 def _forward_signals(pid: int) -> None:
     """Pass a Ctrl-C (or a kill of this process) on to the worker doing the filtering: it
     runs in the server's session, out of reach of the terminal's signals to git."""
-    import _signal  # type: ignore[import-not-found]  # built in; signal would import enum
 
     def forward(signum: int, frame: object) -> None:
         try:  # noqa: SIM105 - contextlib would cost this script 3 ms of imports
@@ -92,74 +116,102 @@ def _forward_signals(pid: int) -> None:
         except OSError:
             pass  # it has finished already
 
-    for signum in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGQUIT):
-        _signal.signal(signum, forward)
+    for signum in FORWARDED:
+        if _signal.getsignal(signum) != _signal.SIG_IGN:  # ignored ones stay ignored
+            _signal.signal(signum, forward)
 
 
 def start_server(path: str) -> None:
-    """Start a server for ``path`` in the background (its own session, no terminal)."""
-    argv = [sys.executable, "-m", "git_theta.forkserver", path]
-    actions = [
+    """Start a server for ``path`` in the background: its own session, no terminal, none
+    of the descriptors git left open (a git-lfs filter's pipes among them)."""
+    argv = [sys.executable, "-P", "-m", "git_theta.forkserver", path]
+    actions: list[tuple[int, ...] | tuple[int, int, str, int, int]] = [
         (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
         (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
         (os.POSIX_SPAWN_DUP2, 1, 2),
     ]
+    for name in os.listdir("/proc/self/fd"):
+        if int(name) > 2:
+            actions.append((os.POSIX_SPAWN_CLOSE, int(name)))
     try:  # noqa: SIM105 - contextlib would cost this script 3 ms of imports
-        os.posix_spawn(sys.executable, argv, os.environ, file_actions=actions, setsid=True)
-    except OSError:
+        os.posix_spawn(
+            sys.executable, argv, os.environ, file_actions=actions, setsid=True,
+            setsigdef=FORWARDED,
+        )  # fmt: skip
+    except (OSError, NotImplementedError):
         pass  # no server, then: every command runs the filter itself, as before
 
 
 def run_here() -> None:
-    """Become the filter: nothing has read git's pipes yet."""
-    os.execv(sys.executable, [sys.executable, "-m", "git_theta", "filter-process"])
+    """Become the filter: nothing has read git's pipes yet. ``-P``: git runs the filter
+    in the work tree, and a cloned repository's json.py must not be imported."""
+    os.execv(sys.executable, [sys.executable, "-P", "-m", "git_theta", "filter-process"])
 
 
-def main() -> None:
-    # Off as settings.env_flag reads it; any other value leaves the server on.
-    off = os.environ.get("GIT_THETA_SERVER", "1").strip().lower() in {"", "0", "false", "no", "off"}
-    if off or not hasattr(os, "fork"):
-        run_here()
-        return
+def _handed_over() -> int | None:
+    """Hand this command to a server; return its exit code, or None to filter here."""
+    if os.environ.get("GIT_THETA_SERVER", "1").strip().lower() in {"", "0", "false", "no", "off"}:
+        return None  # off, read as settings.env_flag reads it
     directory = server_dir()
     if directory is None:
-        run_here()
-        return
+        return None
     path = socket_path(directory)
+    if len(os.fsencode(path)) > _MAX_PATH:
+        return None
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    sock.settimeout(WAIT)
     try:
         sock.connect(path)
     except OSError:  # none running, or it died: start one for the next command
         sock.close()
         start_server(path)
-        run_here()
-        return
+        return None
+    peer = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)  # pid, uid, gid
+    if int.from_bytes(peer[4:8], sys.byteorder) != os.getuid():
+        sock.close()
+        return None
     fds = b"".join(fd.to_bytes(4, sys.byteorder) for fd in FDS)
+    answer = b""
     try:
         request = _request()
         sent = sock.sendmsg([request], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
         if sent < len(request):
             sock.sendall(request[sent:])
         answer = sock.recv(1)
-    except OSError:
-        answer = b""
-    if answer != ACCEPTED:
+        worker = int.from_bytes(_recv_exact(sock, _LEN), "little") if answer == ACCEPTED else 0
+        if worker > 0:
+            sock.sendall(GO)  # from here on the worker owns git's pipes
+    except OSError:  # timed out, or the server went away: the worker never got GO
+        worker = 0
+    if worker <= 0:
         sock.close()
         if answer == REFUSED:  # another version of git-theta: replace it for next time
             start_server(path)
-        run_here()
-        return
-    # The server's copy holds git's pipes now; ours must not keep them open.
-    os.close(0)
-    os.close(1)
-    worker = int.from_bytes(_recv_exact(sock, _LEN) or b"\0", "little")
-    if worker > 0:
+        return None
+    try:  # the worker has git's pipes now: whatever happens, never filter here as well
+        os.close(0)
+        os.close(1)
         _forward_signals(worker)
-    code = _recv_exact(sock, _LEN)
+        sock.settimeout(None)
+        code = _recv_exact(sock, _LEN)
+    except Exception:
+        code = b""
     if len(code) != _LEN:
         os.write(2, b"git-theta: the filter server's worker ended without an exit status\n")
-        os._exit(1)
-    os._exit(int.from_bytes(code, "little", signed=True))
+        return 1
+    return int.from_bytes(code, "little", signed=True)
+
+
+def main() -> None:
+    if sys.platform != "linux" or not hasattr(os, "fork"):
+        run_here()
+    try:
+        code = _handed_over()
+    except Exception:  # anything unforeseen before GO: git's pipes are still ours
+        code = None
+    if code is None:
+        run_here()
+    os._exit(code if code is not None else 1)
 
 
 if __name__ == "__main__":

@@ -18,17 +18,21 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import signal
 import socket
 import struct
 import sys
 import time
 
-from git_theta.filter_client import ACCEPTED, FDS, REFUSED
+from git_theta import progress
+from git_theta.filter_client import ACCEPTED, DECLINED, FDS, FORWARDED, GO, PROTOCOL, REFUSED, WAIT
 
 SERVER_NAME = "git-theta-srv"
 IDLE = 900.0  # seconds without a request before the server exits
 _CHECK = 5.0  # how often an idle server checks that its socket is still its own
-_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+_PEERCRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
+# What decides where modules are imported from: a worker has the server's sys.path.
+PATH_VARIABLES = (b"PYTHONPATH", b"PYTHONHOME", b"PYTHONUSERBASE", b"PYTHONNOUSERSITE")
 
 
 def _warm() -> None:
@@ -72,11 +76,12 @@ class Server:
         self.path = path
         self.idle = idle
         self._files = _loaded_files()
+        self._python_env = {key: os.environb.get(key) for key in PATH_VARIABLES}
         self._fingerprint = _fingerprint(self._files)
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         # Bound under a private name, then renamed over the path: a client never meets a
         # half-made socket, and of two servers started at once the last one wins.
-        tmp = f"{path}.{os.getpid()}"
+        tmp = os.path.join(os.path.dirname(path), f".{os.getpid()}.tmp")
         self._listener.bind(tmp)
         os.chmod(tmp, 0o600)
         self._listener.listen(64)
@@ -117,7 +122,7 @@ class Server:
             )
             if peer[1] != os.getuid():
                 return True
-            conn.settimeout(_CHECK)  # a client stuck mid-request must not stall the rest
+            conn.settimeout(WAIT)  # a client stuck mid-request must not stall the rest
             data, ancillary, _, _ = conn.recvmsg(1 << 16, socket.CMSG_SPACE(4 * len(FDS)))
             for level, kind, payload in ancillary:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
@@ -130,21 +135,41 @@ class Server:
                 data += more
             if len(fds) != len(FDS) or len(data) != 4 + int.from_bytes(data[:4], "little"):
                 return True
-            conn.settimeout(None)
-            if _fingerprint(self._files) != self._fingerprint:  # upgraded: make way
-                conn.sendall(REFUSED)
+            fields = data[4:].split(b"\0")
+            if fields[0] != PROTOCOL or _fingerprint(self._files) != self._fingerprint:
+                conn.sendall(REFUSED)  # another version of git-theta: make way
                 return False
-            conn.sendall(ACCEPTED)
-            if os.fork() == 0:
+            if len(fields) < 6 or not self._like_us(fields[5], fields[6:]):
+                conn.sendall(DECLINED)
+                return True
+            try:
+                pid = os.fork()
+            except OSError:
+                conn.sendall(DECLINED)
+                return True
+            if pid == 0:
                 self._listener.close()
-                _child(conn, fds, data[4:])  # never returns
+                _child(conn, fds, fields)  # never returns
             return True
         except Exception:  # a client that breaks off or sends nonsense; serve the next
             return True
         finally:
             for fd in fds:
-                os.close(fd)
+                with contextlib.suppress(OSError):
+                    os.close(fd)
             conn.close()
+
+    def _like_us(self, groups: bytes, env: list[bytes]) -> bool:
+        """Whether a worker of ours can act for this caller: the same groups (a worker's
+        files and permissions are the server's), the same module search path."""
+        theirs = dict(entry.partition(b"=")[::2] for entry in env if b"=" in entry)
+        return groups == _groups() and all(
+            theirs.get(key) == self._python_env.get(key) for key in PATH_VARIABLES
+        )
+
+
+def _groups() -> bytes:
+    return b",".join(b"%d" % g for g in (os.getgid(), *sorted(os.getgroups())))
 
 
 def _name(name: str) -> None:
@@ -161,23 +186,33 @@ def _reap() -> None:
         pass
 
 
-def _child(conn: socket.socket, fds: list[int], request: bytes) -> None:
+def _child(conn: socket.socket, fds: list[int], fields: list[bytes]) -> None:
     """Become the filter for the client's git command, then exit with its code."""
     code = 1
     try:
-        conn.sendall(os.getpid().to_bytes(4, "little"))  # the client forwards signals here
+        conn.sendall(ACCEPTED + os.getpid().to_bytes(4, "little"))
+        conn.settimeout(WAIT)
+        if conn.recv(1) != GO:  # the client gave up waiting and filters by itself
+            os._exit(0)
+        conn.settimeout(None)
         _name("git-theta")  # what git's own filter process would be called
         for target, fd in zip(FDS, fds, strict=True):
             os.dup2(fd, target)
         for fd in fds:
             os.close(fd)
-        cwd, *env = request.split(b"\0")
+        _, cwd, umask, git_pid, ignored, _, *env = fields
         os.chdir(cwd)
+        os.umask(int(umask))
+        skip = {int(s) for s in ignored.split(b",") if s}
+        for signum in FORWARDED:  # as the filter would have them: the caller's, not ours
+            default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
+            signal.signal(signum, signal.SIG_IGN if signum in skip else default)
         os.environb.clear()
         for entry in env:
             key, sep, value = entry.partition(b"=")
             if sep and key:
                 os.environb[key] = value
+        progress.git_pid = int(git_pid)
         # Fresh streams on the new descriptors, buffered as a filter's own would be.
         sys.stdin = open(0, closefd=False)  # noqa: SIM115
         sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
@@ -202,9 +237,16 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         sys.stderr.write("usage: python -m git_theta.forkserver SOCKET\n")
         return 2
+    # Nothing git left open (a git-lfs filter's pipes: git would wait for their end).
+    os.closerange(3, os.sysconf("SC_OPEN_MAX"))
     os.chdir("/")  # hold no repository's directory
     _name(SERVER_NAME)
-    idle = float(os.environ.get("GIT_THETA_SERVER_IDLE") or IDLE)
+    try:
+        idle = float(os.environ.get("GIT_THETA_SERVER_IDLE") or IDLE)
+    except ValueError:
+        idle = IDLE
+    if not 0 <= idle < float("inf"):
+        idle = IDLE
     _warm()
     try:
         server = Server(argv[0], idle)

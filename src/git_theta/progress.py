@@ -12,10 +12,13 @@ DELAY = 1.0
 INTERVAL = 0.2
 
 
+git_pid: int | None = None  # the git command we serve, when it is not our parent
+
+
 def _git_is_quiet() -> bool:
     """True when the git command that started us was given -q/--quiet (Linux only)."""
     try:
-        with open(f"/proc/{os.getppid()}/cmdline", "rb") as fh:
+        with open(f"/proc/{git_pid or os.getppid()}/cmdline", "rb") as fh:
             args = fh.read().split(b"\0")
     except OSError:
         return False
