@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import _kill_servers, git, sha256
+from lfs_server import LfsServer
 from st_files import f32, st_from_arrays
 
 import git_theta
@@ -327,3 +329,45 @@ def test_a_caller_with_another_module_path_is_filtered_by_itself(
     assert SERVED not in done.stderr  # its workers would not see that path
     git(repo, "commit", "-q", "-m", "v1")
     assert git(repo, "show", "HEAD:model.safetensors").stdout.startswith(b"{")
+
+
+def test_download_helpers_run_where_the_terminal_is(
+    repo: Path, servers: Path, tmp_path: Path
+) -> None:
+    # git-lfs may prompt for credentials; a worker has no terminal, the client does (it is
+    # in git's session), so the client starts git-lfs for the worker.
+    server = LfsServer(tmp_path)
+    server.start()
+    try:
+        remote = tmp_path / "origin.git"
+        git(tmp_path, "init", "-q", "--bare", str(remote))
+        git(repo, "remote", "add", "origin", f"file://{remote}")
+        (repo / ".lfsconfig").write_text(f'[lfs]\n\turl = "{server.url("model")}"\n')
+        (repo / "model.safetensors").write_bytes(st_from_arrays(f32(SHAPES, seed=16)))
+        sha = sha256(repo / "model.safetensors")
+        git(repo, "add", "-A")
+        git(repo, "commit", "-q", "-m", "v1")
+        git(repo, "push", "-q", "origin", "main")
+        wrappers = tmp_path / "bin"
+        wrappers.mkdir()
+        log = tmp_path / "sessions.log"
+        real = shutil.which("git-lfs")
+        (wrappers / "git-lfs").write_text(
+            f'#!/bin/sh\necho "$* $(cut -d" " -f6 /proc/$$/stat)" >> {log}\nexec {real} "$@"\n'
+        )
+        (wrappers / "git-lfs").chmod(0o755)
+        start_server(servers)
+        done = subprocess.run(
+            ["git", "clone", f"file://{remote}", str(tmp_path / "clone")],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PATH": f"{wrappers}{os.pathsep}{os.environ['PATH']}"},
+        )
+        assert done.returncode == 0, done.stderr
+        assert SERVED in done.stderr
+        assert sha256(tmp_path / "clone" / "model.safetensors") == sha
+        helpers = [ln for ln in log.read_text().splitlines() if "filter-process" in ln]
+        assert helpers, log.read_text()
+        assert {ln.rsplit(" ", 1)[1] for ln in helpers} == {str(os.getsid(0))}
+    finally:
+        server.stop()

@@ -29,6 +29,7 @@ import sys
 
 PROTOCOL = b"1"
 ACCEPTED, REFUSED, DECLINED, GO = b"+", b"-", b"=", b"!"
+EXIT, SPAWN = b"x", b"s"  # from the worker: its exit code; start a helper here
 FDS = (0, 1, 2)
 FORWARDED = (2, 1, 3, 15)  # SIGINT, SIGHUP, SIGQUIT, SIGTERM (the same on Linux)
 WAIT = 10.0  # seconds a client waits for the server's answer before filtering itself
@@ -121,6 +122,33 @@ def _forward_signals(pid: int) -> None:
             _signal.signal(signum, forward)
 
 
+def _spawn(sock: _socket.socket, request: bytes) -> None:
+    """Start a helper for the worker, here in git's session where the terminal is (git-lfs
+    may prompt for credentials), and send the worker its pid and its stdin and stdout."""
+    fields = request.split(b"\0")
+    cwd, argc = fields[0], int(fields[1])
+    argv, rest = fields[2 : 2 + argc], fields[2 + argc :]
+    env = dict(e.partition(b"=")[::2] for e in rest[1:]) if rest[0] == b"1" else os.environb
+    pid, ends, theirs = -1, [], []
+    try:
+        if cwd:
+            os.chdir(cwd)
+        stdin_r, stdin_w = os.pipe()  # close-on-exec, but for what is duplicated onto 0, 1
+        stdout_r, stdout_w = os.pipe()
+        ends, theirs = [stdin_w, stdout_r], [stdin_r, stdout_w]
+        actions = [(os.POSIX_SPAWN_DUP2, stdin_r, 0), (os.POSIX_SPAWN_DUP2, stdout_w, 1)]
+        pid = os.posix_spawnp(argv[0], argv, env, file_actions=actions)
+    except OSError:
+        pid = -1
+    rights = b"".join(fd.to_bytes(4, sys.byteorder) for fd in ends) if pid > 0 else b""
+    ancillary = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, rights)] if rights else []
+    try:
+        sock.sendmsg([SPAWN + pid.to_bytes(_LEN, "little", signed=True)], ancillary)
+    finally:
+        for fd in ends + theirs:
+            os.close(fd)
+
+
 def start_server(path: str) -> None:
     """Start a server for ``path`` in the background: its own session, no terminal, none
     of the descriptors git left open (a git-lfs filter's pipes among them)."""
@@ -189,11 +217,17 @@ def _handed_over() -> int | None:
             start_server(path)
         return None
     try:  # the worker has git's pipes now: whatever happens, never filter here as well
-        os.close(0)
-        os.close(1)
+        nul = os.open(os.devnull, os.O_RDWR)  # let go of git's pipes, keep 0 and 1 taken
+        os.dup2(nul, 0)
+        os.dup2(nul, 1)
+        os.close(nul)
         _forward_signals(worker)
         sock.settimeout(None)
-        code = _recv_exact(sock, _LEN)
+        code = b""
+        while (kind := _recv_exact(sock, 1)) == SPAWN:
+            _spawn(sock, _recv_exact(sock, int.from_bytes(_recv_exact(sock, _LEN), "little")))
+        if kind == EXIT:
+            code = _recv_exact(sock, _LEN)
     except Exception:
         code = b""
     if len(code) != _LEN:

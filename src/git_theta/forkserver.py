@@ -22,10 +22,24 @@ import signal
 import socket
 import struct
 import sys
+import threading
 import time
+from collections.abc import Mapping
+from typing import IO
 
-from git_theta import progress
-from git_theta.filter_client import ACCEPTED, DECLINED, FDS, FORWARDED, GO, PROTOCOL, REFUSED, WAIT
+from git_theta import proc, progress
+from git_theta.filter_client import (
+    ACCEPTED,
+    DECLINED,
+    EXIT,
+    FDS,
+    FORWARDED,
+    GO,
+    PROTOCOL,
+    REFUSED,
+    SPAWN,
+    WAIT,
+)
 
 SERVER_NAME = "git-theta-srv"
 IDLE = 900.0  # seconds without a request before the server exits
@@ -186,6 +200,60 @@ def _reap() -> None:
         pass
 
 
+class _Started:
+    """A helper the client started for us: not our child, so it is done when its output
+    ends (the callers close its input first)."""
+
+    def __init__(self, stdin: int, stdout: int):
+        self.stdin: IO[bytes] | None = os.fdopen(stdin, "wb")
+        self.stdout: IO[bytes] | None = os.fdopen(stdout, "rb")
+
+    def wait(self) -> int:
+        assert self.stdout is not None
+        while self.stdout.read(1 << 16):
+            pass
+        self.stdout.close()
+        return 0
+
+
+class _Caller:
+    """Has the client start the helpers that may prompt: it is in git's session, with the
+    terminal; a worker is in the server's, without one."""
+
+    def __init__(self, conn: socket.socket):
+        self._conn = conn
+        self._lock = threading.Lock()
+
+    def start(
+        self, argv: tuple[str, ...], cwd: str | None, env: Mapping[str, str] | None
+    ) -> proc.Helper:
+        fields = [os.fsencode(cwd or ""), b"%d" % len(argv), *map(os.fsencode, argv)]
+        if env is None:
+            fields.append(b"0")
+        else:
+            fields += [b"1", *(os.fsencode(k) + b"=" + os.fsencode(v) for k, v in env.items())]
+        body = b"\0".join(fields)
+        with self._lock:
+            self._conn.sendall(SPAWN + len(body).to_bytes(4, "little") + body)
+            data, ancillary, _, _ = self._conn.recvmsg(5, socket.CMSG_SPACE(8))
+            while 0 < len(data) < 5:
+                more = self._conn.recv(5 - len(data))
+                if not more:
+                    break
+                data += more
+        fds = [
+            fd
+            for level, kind, payload in ancillary
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
+            for fd in struct.unpack(f"{len(payload) // 4}i", payload[: len(payload) // 4 * 4])
+        ]
+        if len(data) != 5 or data[:1] != SPAWN or len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            raise proc.not_found(argv)  # the client could not start it
+        return _Started(fds[0], fds[1])
+
+
 def _child(conn: socket.socket, fds: list[int], fields: list[bytes]) -> None:
     """Become the filter for the client's git command, then exit with its code."""
     code = 1
@@ -213,6 +281,7 @@ def _child(conn: socket.socket, fds: list[int], fields: list[bytes]) -> None:
             if sep and key:
                 os.environb[key] = value
         progress.git_pid = int(git_pid)
+        proc.spawner = _Caller(conn).start
         # Fresh streams on the new descriptors, buffered as a filter's own would be.
         sys.stdin = open(0, closefd=False)  # noqa: SIM115
         sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
@@ -228,7 +297,7 @@ def _child(conn: socket.socket, fds: list[int], fields: list[bytes]) -> None:
         traceback.print_exc()
     finally:
         try:
-            conn.sendall(code.to_bytes(4, "little", signed=True))
+            conn.sendall(EXIT + code.to_bytes(4, "little", signed=True))
         finally:
             os._exit(code)
 

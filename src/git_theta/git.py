@@ -204,7 +204,7 @@ def blobs_starting_with(oids: list[str], prefix: bytes, cwd: str | None = None) 
                 left -= len(out.read(min(left, 1 << 20)))
         out.read(1)  # the newline after the content
     writer.join()
-    proc.wait()
-    if proc.returncode != 0:
-        raise CommandError(("git", "cat-file", "--batch"), proc.returncode, b"", b"")
+    code = proc.wait()
+    if code != 0:
+        raise CommandError(("git", "cat-file", "--batch"), code, b"", b"")
     return found

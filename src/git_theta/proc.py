@@ -11,13 +11,10 @@ from __future__ import annotations
 import os
 import select
 import signal
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, BinaryIO, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import IO, BinaryIO, NamedTuple, Protocol
 
 from git_theta.errors import CommandError
-
-if TYPE_CHECKING:
-    import subprocess
 
 _READ = 1 << 16
 
@@ -30,7 +27,7 @@ class Finished(NamedTuple):
     stderr: bytes
 
 
-def _not_found(argv: tuple[str, ...]) -> CommandError:
+def not_found(argv: tuple[str, ...]) -> CommandError:
     return CommandError(argv, 127, b"", f"{argv[0]}: command not found".encode())
 
 
@@ -55,7 +52,7 @@ def run(
         else:
             done = _subprocess_run(argv, stdin, cwd, env, timeout)
     except FileNotFoundError:
-        raise _not_found(argv) from None
+        raise not_found(argv) from None
     if check and done.returncode != 0:
         raise CommandError(argv, done.returncode, done.stdout, done.stderr)
     return done
@@ -159,14 +156,35 @@ def run_attached(*argv: str) -> int:
     try:
         return subprocess.run(argv, check=False).returncode
     except FileNotFoundError:
-        raise _not_found(argv) from None
+        raise not_found(argv) from None
+
+
+class Helper(Protocol):
+    """A started helper: what callers of ``start`` use of a ``subprocess.Popen``."""
+
+    @property
+    def stdin(self) -> IO[bytes] | None: ...
+    @property
+    def stdout(self) -> IO[bytes] | None: ...
+    def wait(self) -> int: ...
+
+
+# Starts helpers that may prompt the user (git-lfs asks git for credentials, ssh for a
+# passphrase) where the terminal is: set in a warm server's worker, which has none.
+spawner: Callable[[tuple[str, ...], str | None, Mapping[str, str] | None], Helper] | None = None
 
 
 def start(
-    *argv: str, cwd: str | None = None, env: Mapping[str, str] | None = None
-) -> subprocess.Popen[bytes]:
+    *argv: str,
+    cwd: str | None = None,
+    env: Mapping[str, str] | None = None,
+    may_prompt: bool = False,
+) -> Helper:
     """Start ``argv`` with pipes on stdin and stdout (stderr stays the user's), for the
-    long-running helpers we talk to (``git cat-file --batch``, ``git lfs filter-process``)."""
+    long-running helpers we talk to (``git cat-file --batch``, ``git lfs filter-process``).
+    ``may_prompt``: the helper may ask the user something on the terminal."""
+    if may_prompt and spawner is not None:
+        return spawner(argv, cwd, env)
     import subprocess
 
     try:
@@ -178,4 +196,4 @@ def start(
             env=None if env is None else dict(env),
         )
     except FileNotFoundError:
-        raise _not_found(argv) from None
+        raise not_found(argv) from None

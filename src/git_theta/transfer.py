@@ -15,7 +15,6 @@ it is a shortcut, never a second code path with its own failure modes.
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 from typing import IO
@@ -23,7 +22,7 @@ from typing import IO
 from git_theta import git
 from git_theta.errors import CommandError, ThetaError, TransferError
 from git_theta.parallel import Pool
-from git_theta.proc import run, start
+from git_theta.proc import Helper, run, start
 from git_theta.protocol.pktline import (
     PacketReader,
     PacketWriter,
@@ -105,7 +104,7 @@ class Downloader:
     def __init__(self, store: ObjectStore, cwd: str | None = None):
         self.store = store
         self.cwd = cwd
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc: Helper | None = None
         self._local: Path | bool | None = False  # False: not looked up yet
 
     def _copy_local(self, wanted: dict[str, ObjectRef]) -> None:
@@ -135,7 +134,7 @@ class Downloader:
             env = {k: v for k, v in os.environ.items() if k != "GIT_LFS_SKIP_SMUDGE"}
             self._proc = start(
                 "git", "-c", "lfs.fetchinclude=", "-c", "lfs.fetchexclude=",
-                "lfs", "filter-process", cwd=self.cwd, env=env,
+                "lfs", "filter-process", cwd=self.cwd, env=env, may_prompt=True,
             )  # fmt: skip
             assert self._proc.stdin is not None and self._proc.stdout is not None
             inp, out = self._proc.stdin, self._proc.stdout
