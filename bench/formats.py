@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{stored / bench.MB:.2f} MB | {add / base[2]:.2f}x, {checkout / base[3]:.2f}x, "
                   f"{stored / base[4]:.4f}x |")  # fmt: skip
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        bench.remove_workdir(work, False)
     return 0
 
 

@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"- {label}: git-theta {t:.2f} s, Git LFS {lfs:.2f} s ({t / lfs:.2f}x)")
     finally:
         server.stop()
-        shutil.rmtree(work, ignore_errors=True)
+        bench.remove_workdir(work, False)
     return 0
 
 

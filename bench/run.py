@@ -10,11 +10,13 @@ Usage: python bench/run.py [--quick] [--large] [--out docs/benchmarks-latest.md]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import struct
 import subprocess
@@ -140,8 +142,24 @@ def run(argv: Sequence[str], cwd: Path, env: Env, *, watch: bool = False) -> Ran
     return Ran(seconds, peaks, out)
 
 
+def stop_servers(work: Path) -> None:
+    """Stop the warm filter servers whose sockets are under ``work`` (its hermetic_env)."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/cmdline", "rb") as fh:
+                argv = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if b"git_theta.forkserver" in argv and any(bytes(work) in a for a in argv):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry.name), signal.SIGTERM)
+
+
 def remove_workdir(work: Path, keep: bool) -> None:
     """Delete a script's scratch directory, or say where it is when asked to keep it."""
+    stop_servers(work)
     if keep:
         log(f"kept {work}")
     else:
@@ -166,6 +184,8 @@ def hermetic_env(work: Path) -> dict[str, str]:
     home.mkdir(parents=True, exist_ok=True)
     gitconfig = home / ".gitconfig"
     gitconfig.touch()
+    servers = work / "servers"
+    servers.mkdir(mode=0o700, exist_ok=True)
     # Neither git's variables nor PYTHONUNBUFFERED (which users do not set) leak in.
     env = {
         k: v for k, v in os.environ.items() if not k.startswith("GIT_") and k != "PYTHONUNBUFFERED"
@@ -180,6 +200,8 @@ def hermetic_env(work: Path) -> dict[str, str]:
         GIT_COMMITTER_NAME="bench",
         GIT_COMMITTER_EMAIL="bench@example.invalid",
         GIT_THETA_QUIET="1",
+        # A warm filter server of the bench's own (the first git-theta command starts it).
+        GIT_THETA_SERVER_DIR=str(servers),
         PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
     )
     run(["git", "config", "--global", "init.defaultBranch", "main"], work, env)

@@ -263,6 +263,8 @@ def test_a_signal_to_the_client_reaches_the_worker(servers: Path) -> None:
     finally:
         client.kill()
         client.wait()
+        assert client.stdin is not None
+        client.stdin.close()  # a worker still waiting for git's handshake sees its end
 
 
 def test_a_work_tree_never_supplies_the_filters_modules(repo: Path, servers: Path) -> None:
