@@ -13,11 +13,14 @@ When no server takes the request it becomes the filter itself
 refused, it first starts one for the next command. No server is used off Linux, with
 ``GIT_THETA_SERVER=0``, or when the socket's directory is not private.
 
-Exchange, on one connection: the request (length-prefixed, with the three descriptors);
-the server answers REFUSED (stale: it exits), DECLINED (cannot serve this caller) or,
-from the forked worker, ACCEPTED and the worker's pid; the client sends GO, and only then
-does the worker touch the descriptors, so a client that gave up waiting and filters
-itself never shares git's pipes with a worker; last, the worker sends its exit code.
+The server gets the socket's path on its command line and imports this module for the
+exchange's constants. Exchange, on one connection: the request (length-prefixed, with
+the three descriptors); the server answers REFUSED (stale: it exits), DECLINED (it
+cannot serve this caller) or, from the forked worker, ACCEPTED and the worker's pid; the
+client sends GO, and only then does the worker touch the descriptors, so a client that
+gave up waiting and filters by itself never shares git's pipes with a worker; the worker
+may then ask the client to start helpers that may prompt (SPAWN: the client has the
+terminal), and last sends its exit code (EXIT).
 """
 
 from __future__ import annotations
