@@ -16,6 +16,7 @@ is checked too), and exits after ``GIT_THETA_SERVER_IDLE`` seconds without a req
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import select
 import signal
@@ -317,6 +318,10 @@ def main(argv: list[str]) -> int:
     if not 0 <= idle < float("inf"):
         idle = IDLE
     _warm()
+    # Everything imported so far lives as long as the server: out of the collector's
+    # sight, a worker's collections neither walk nor write to it (a tiny checkout's
+    # worker: ~20 -> ~13 ms of CPU).
+    gc.freeze()
     try:
         server = Server(argv[0], idle)
     except OSError as exc:
