@@ -1,11 +1,11 @@
 """A warm filter: a process that has imported the filter and forks a copy per git command.
 
 ``git_theta.filter_client`` (what git runs) connects, passes git's pipes, its working
-directory and environment; the server forks, and the copy becomes exactly what
-``git-theta filter-process`` would have been after its imports: it takes the pipes, the
-directory and the environment, serves git, and sends back its exit code. The server
-itself never filters, so every copy starts from the same untouched state; it is single
-threaded, so forking is safe.
+directory, umask, signals and environment; the server forks, and the copy becomes what
+``git-theta filter-process`` would have been after its imports (docs/architecture.md
+lists what still differs): it takes all of those, serves git, and sends back its exit
+code. The server itself never filters, so every copy starts from the same untouched
+state; it is single threaded, so forking is safe.
 
 It refuses (and exits) when any module it has loaded changed on disk since it started
 (an upgrade), serves only its own user (the socket's directory is private; the peer's uid
@@ -97,6 +97,8 @@ class Server:
         # Bound under a private name, then renamed over the path: a client never meets a
         # half-made socket, and of two servers started at once the last one wins.
         tmp = os.path.join(os.path.dirname(path), f".{os.getpid()}.tmp")
+        with contextlib.suppress(FileNotFoundError):  # left by a crash under this pid
+            os.unlink(tmp)
         self._listener.bind(tmp)
         os.chmod(tmp, 0o600)
         self._listener.listen(64)
