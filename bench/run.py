@@ -10,13 +10,11 @@ Usage: python bench/run.py [--quick] [--large] [--out docs/benchmarks-latest.md]
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import os
 import platform
 import shutil
-import signal
 import statistics
 import struct
 import subprocess
@@ -35,6 +33,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 from numpy.typing import NDArray
+
+from git_theta.forkserver import stop_servers
 
 Array = NDArray[Any]
 Env = Mapping[str, str]
@@ -142,24 +142,9 @@ def run(argv: Sequence[str], cwd: Path, env: Env, *, watch: bool = False) -> Ran
     return Ran(seconds, peaks, out)
 
 
-def stop_servers(work: Path) -> None:
-    """Stop the warm filter servers whose sockets are under ``work`` (its hermetic_env)."""
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/cmdline", "rb") as fh:
-                argv = fh.read().split(b"\0")
-        except OSError:
-            continue
-        if b"git_theta.forkserver" in argv and any(bytes(work) in a for a in argv):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(entry.name), signal.SIGTERM)
-
-
 def remove_workdir(work: Path, keep: bool) -> None:
     """Delete a script's scratch directory, or say where it is when asked to keep it."""
-    stop_servers(work)
+    stop_servers(str(work))  # the bench's own warm filter server (hermetic_env)
     if keep:
         log(f"kept {work}")
     else:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,22 +13,14 @@ from pathlib import Path
 import pytest
 
 from git_theta.commands.cli import main
+from git_theta.forkserver import stop_servers
 
 BIN = str(Path(sys.executable).parent)
 
 
 def _kill_servers(directory: Path) -> None:
     """Stop the warm filter servers whose sockets live in ``directory``."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"git_theta.forkserver" in argv and any(str(directory).encode() in a for a in argv):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(proc.name), signal.SIGTERM)
+    stop_servers(str(directory))
 
 
 @pytest.fixture(scope="session")

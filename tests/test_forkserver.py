@@ -21,6 +21,7 @@ from st_files import f32, st_from_arrays
 
 import git_theta
 from git_theta import filter_client
+from git_theta.forkserver import stop_servers
 
 SHAPES = {"a.weight": (64, 32), "b.weight": (32, 16), "c.bias": (16,)}
 SERVED = "git-theta: served by filter server"
@@ -373,3 +374,16 @@ def test_download_helpers_run_where_the_terminal_is(
         assert {ln.rsplit(" ", 1)[1] for ln in helpers} == {str(os.getsid(0))}
     finally:
         server.stop()
+
+
+def test_stop_servers_stops_only_the_servers_of_a_directory(servers: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    other.mkdir(mode=0o700)
+    ours, theirs = start_server(servers), start_server(other)
+    try:
+        assert stop_servers(str(servers)) == 1
+        assert ours.wait(timeout=20) == -signal.SIGTERM
+        assert theirs.poll() is None
+    finally:
+        theirs.terminate()
+        theirs.wait()

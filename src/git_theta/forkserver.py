@@ -305,6 +305,25 @@ def _child(conn: socket.socket, fds: list[int], fields: list[bytes]) -> None:
             os._exit(code)
 
 
+def stop_servers(directory: str) -> int:
+    """Terminate the servers whose sockets are in ``directory`` (Linux); return how many."""
+    stopped = 0
+    where = os.fsencode(os.path.abspath(directory)) + b"/"
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/cmdline", "rb") as fh:
+                argv = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if b"git_theta.forkserver" in argv and argv[-2].startswith(where):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry.name), signal.SIGTERM)
+                stopped += 1
+    return stopped
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         sys.stderr.write("usage: python -m git_theta.forkserver SOCKET\n")
