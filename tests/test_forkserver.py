@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -56,9 +57,10 @@ def wait_for_server(servers: Path, timeout: float = 20.0) -> None:
 
 
 def start_server(servers: Path, **env: str) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "git_theta.forkserver", str(sock_path(servers))],
+    proc = subprocess.Popen(  # in a session of its own, as the client starts it
+        [sys.executable, "-P", "-m", "git_theta.forkserver", str(sock_path(servers))],
         env={**os.environ, **env},
+        start_new_session=True,
     )
     wait_for_server(servers)
     return proc
@@ -180,7 +182,7 @@ def test_server_off_by_variable(repo: Path, servers: Path) -> None:
 
 
 def test_an_idle_server_exits_and_removes_its_socket(servers: Path) -> None:
-    proc = start_server(servers, GIT_THETA_SERVER_IDLE="0.3")
+    proc = start_server(servers, GIT_THETA_SERVER_IDLE="2")
     assert proc.wait(timeout=20) == 0
     assert not sock_path(servers).exists()
 
@@ -253,6 +255,8 @@ def test_a_signal_to_the_client_reaches_the_worker(servers: Path) -> None:
     )
     assert client.stderr is not None
     try:
+        ready, _, _ = select.select([client.stderr], [], [], 20)
+        assert ready, "the client was not served"
         assert SERVED in client.stderr.readline().decode()
         deadline = time.monotonic() + 20
         while not catches(client.pid, signal.SIGTERM):  # forwarding is set up
@@ -335,7 +339,7 @@ def test_a_caller_with_another_module_path_is_filtered_by_itself(
 
 
 def test_download_helpers_run_where_the_terminal_is(
-    repo: Path, servers: Path, tmp_path: Path
+    repo: Path, servers: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # git-lfs may prompt for credentials; a worker has no terminal, the client does (it is
     # in git's session), so the client starts git-lfs for the worker.
@@ -348,30 +352,41 @@ def test_download_helpers_run_where_the_terminal_is(
         (repo / ".lfsconfig").write_text(f'[lfs]\n\turl = "{server.url("model")}"\n')
         (repo / "model.safetensors").write_bytes(st_from_arrays(f32(SHAPES, seed=16)))
         sha = sha256(repo / "model.safetensors")
+        monkeypatch.setenv("GIT_THETA_SERVER", "0")  # the one server: the one started below
         git(repo, "add", "-A")
         git(repo, "commit", "-q", "-m", "v1")
         git(repo, "push", "-q", "origin", "main")
+        monkeypatch.delenv("GIT_THETA_SERVER")
         wrappers = tmp_path / "bin"
         wrappers.mkdir()
-        log = tmp_path / "sessions.log"
+        log, fds_log = tmp_path / "sessions.log", tmp_path / "fds.log"
         real = shutil.which("git-lfs")
         (wrappers / "git-lfs").write_text(
-            f'#!/bin/sh\necho "$* $(cut -d" " -f6 /proc/$$/stat)" >> {log}\nexec {real} "$@"\n'
+            f'#!/bin/sh\necho "$* $(cut -d" " -f6 /proc/$$/stat)" >> {log}\n'
+            f'readlink /proc/$$/fd/* >> {fds_log}\nexec {real} "$@"\n'
         )
         (wrappers / "git-lfs").chmod(0o755)
-        start_server(servers)
+        theta_server = start_server(servers)
+        # A pipe git does not know of (as another filter's would be): no helper gets it.
+        stray_r, stray_w = os.pipe()
         done = subprocess.run(
             ["git", "clone", f"file://{remote}", str(tmp_path / "clone")],
             capture_output=True,
             text=True,
             env={**os.environ, "PATH": f"{wrappers}{os.pathsep}{os.environ['PATH']}"},
+            pass_fds=(stray_w,),
         )
+        stray = f"pipe:[{os.fstat(stray_w).st_ino}]"
+        os.close(stray_r)
+        os.close(stray_w)
         assert done.returncode == 0, done.stderr
         assert SERVED in done.stderr
         assert sha256(tmp_path / "clone" / "model.safetensors") == sha
         helpers = [ln for ln in log.read_text().splitlines() if "filter-process" in ln]
         assert helpers, log.read_text()
+        assert os.getsid(theta_server.pid) != os.getsid(0)  # its workers: no terminal
         assert {ln.rsplit(" ", 1)[1] for ln in helpers} == {str(os.getsid(0))}
+        assert stray not in fds_log.read_text()
     finally:
         server.stop()
 

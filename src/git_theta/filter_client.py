@@ -36,16 +36,25 @@ EXIT, SPAWN = b"x", b"s"  # from the worker: its exit code; start a helper here
 FDS = (0, 1, 2)
 FORWARDED = (2, 1, 3, 15)  # SIGINT, SIGHUP, SIGQUIT, SIGTERM (the same on Linux)
 WAIT = 10.0  # seconds a client waits for the server's answer before filtering itself
+# What decides where modules are imported from: a worker has its server's sys.path.
+PATH_VARIABLES = (b"PYTHONPATH", b"PYTHONHOME", b"PYTHONUSERBASE", b"PYTHONNOUSERSITE")
 _LEN = 4  # bytes of the request's length prefix, the pid and the exit code
 _MAX_PATH = 107  # bytes of a Unix socket's path, without the final NUL
 
 
+def groups() -> bytes:
+    """This process's group and supplementary groups (a worker's are its server's)."""
+    return b",".join(b"%d" % g for g in (os.getgid(), *sorted(os.getgroups())))
+
+
 def _key() -> str:
-    """Which server this is: one per interpreter and installed copy of git-theta."""
+    """Which server this is: one per interpreter, installed copy of git-theta, groups and
+    module path, so that a server can serve every caller it meets."""
     import _blake2  # no OpenSSL, unlike hashlib
 
-    where = f"{sys.executable}\0{os.path.dirname(os.path.abspath(__file__))}"
-    return _blake2.blake2b(where.encode(errors="surrogateescape"), digest_size=8).hexdigest()
+    where = [os.fsencode(sys.executable), os.fsencode(os.path.dirname(os.path.abspath(__file__)))]
+    where += [groups(), *(k + b"=" + os.environb.get(k, b"") for k in PATH_VARIABLES)]
+    return _blake2.blake2b(b"\0".join(where), digest_size=8).hexdigest()
 
 
 def server_dir() -> str | None:
@@ -93,7 +102,7 @@ def _request() -> bytes:
         b"%d" % mask,
         b"%d" % os.getppid(),  # git, whose -q keeps progress quiet
         b",".join(b"%d" % s for s in ignored_signals()),
-        b",".join(b"%d" % g for g in (os.getgid(), *sorted(os.getgroups()))),
+        groups(),
         *(k + b"=" + v for k, v in os.environb.items()),
     ]
     body = b"\0".join(fields)
@@ -127,22 +136,36 @@ def _forward_signals(pid: int) -> None:
 
 def _spawn(sock: _socket.socket, request: bytes) -> None:
     """Start a helper for the worker, here in git's session where the terminal is (git-lfs
-    may prompt for credentials), and send the worker its pid and its stdin and stdout."""
-    fields = request.split(b"\0")
-    cwd, argc = fields[0], int(fields[1])
-    argv, rest = fields[2 : 2 + argc], fields[2 + argc :]
-    env = dict(e.partition(b"=")[::2] for e in rest[1:]) if rest[0] == b"1" else os.environb
+    may prompt for credentials), and send the worker its pid and its stdin and stdout.
+
+    Like ``subprocess.Popen``: none of our other descriptors (git's pipes to other filters
+    among them), SIGPIPE and SIGXFSZ back to their defaults. ``argv[0]`` is looked up on
+    this process's PATH, which is the worker's: it came from here.
+    """
     pid, ends, theirs = -1, [], []
+    here = os.getcwd()
     try:
+        fields = request.split(b"\0")
+        cwd, argc = fields[0], int(fields[1])
+        argv, rest = fields[2 : 2 + argc], fields[2 + argc :]
+        env = dict(e.partition(b"=")[::2] for e in rest[1:]) if rest[0] == b"1" else os.environb
         if cwd:
             os.chdir(cwd)
         stdin_r, stdin_w = os.pipe()  # close-on-exec, but for what is duplicated onto 0, 1
         stdout_r, stdout_w = os.pipe()
         ends, theirs = [stdin_w, stdout_r], [stdin_r, stdout_w]
-        actions = [(os.POSIX_SPAWN_DUP2, stdin_r, 0), (os.POSIX_SPAWN_DUP2, stdout_w, 1)]
-        pid = os.posix_spawnp(argv[0], argv, env, file_actions=actions)
-    except OSError:
+        actions: list[tuple[int, ...]] = [
+            (os.POSIX_SPAWN_DUP2, stdin_r, 0),
+            (os.POSIX_SPAWN_DUP2, stdout_w, 1),
+        ]
+        actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in _open_fds() if fd > 2]
+        pid = os.posix_spawnp(
+            argv[0], argv, env, file_actions=actions, setsigdef=(_signal.SIGPIPE, _signal.SIGXFSZ)
+        )
+    except Exception:  # anything: the worker hears "could not start it"
         pid = -1
+    finally:
+        os.chdir(here)
     rights = b"".join(fd.to_bytes(4, sys.byteorder) for fd in ends) if pid > 0 else b""
     ancillary = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, rights)] if rights else []
     try:
@@ -150,6 +173,10 @@ def _spawn(sock: _socket.socket, request: bytes) -> None:
     finally:
         for fd in ends + theirs:
             os.close(fd)
+
+
+def _open_fds() -> list[int]:
+    return [int(name) for name in os.listdir("/proc/self/fd")]
 
 
 def start_server(path: str) -> None:
@@ -161,9 +188,7 @@ def start_server(path: str) -> None:
         (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
         (os.POSIX_SPAWN_DUP2, 1, 2),
     ]
-    for name in os.listdir("/proc/self/fd"):
-        if int(name) > 2:
-            actions.append((os.POSIX_SPAWN_CLOSE, int(name)))
+    actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in _open_fds() if fd > 2]
     try:  # noqa: SIM105 - contextlib would cost this script 3 ms of imports
         os.posix_spawn(
             sys.executable, argv, os.environ, file_actions=actions, setsid=True,
@@ -212,6 +237,7 @@ def _handed_over() -> int | None:
         worker = int.from_bytes(_recv_exact(sock, _LEN), "little") if answer == ACCEPTED else 0
         if worker > 0:
             sock.sendall(GO)  # from here on the worker owns git's pipes
+            _committed.append(True)
     except OSError:  # timed out, or the server went away: the worker never got GO
         worker = 0
     if worker <= 0:
@@ -234,9 +260,15 @@ def _handed_over() -> int | None:
     except Exception:
         code = b""
     if len(code) != _LEN:
-        os.write(2, b"git-theta: the filter server's worker ended without an exit status\n")
+        try:  # noqa: SIM105 - contextlib would cost this script 3 ms of imports
+            os.write(2, b"git-theta: the filter server's worker ended without an exit status\n")
+        except OSError:
+            pass
         return 1
     return int.from_bytes(code, "little", signed=True)
+
+
+_committed: list[bool] = []  # GO was sent: git's pipes are the worker's, never ours again
 
 
 def main() -> None:
@@ -244,8 +276,8 @@ def main() -> None:
         run_here()
     try:
         code = _handed_over()
-    except Exception:  # anything unforeseen before GO: git's pipes are still ours
-        code = None
+    except Exception:  # anything unforeseen: before GO, git's pipes are still ours
+        code = 1 if _committed else None
     if code is None:
         run_here()
     os._exit(code if code is not None else 1)

@@ -36,18 +36,18 @@ from git_theta.filter_client import (
     FDS,
     FORWARDED,
     GO,
+    PATH_VARIABLES,
     PROTOCOL,
     REFUSED,
     SPAWN,
     WAIT,
+    groups,
 )
 
 SERVER_NAME = "git-theta-srv"
 IDLE = 900.0  # seconds without a request before the server exits
 _CHECK = 5.0  # how often an idle server checks that its socket is still its own
 _PEERCRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
-# What decides where modules are imported from: a worker has the server's sys.path.
-PATH_VARIABLES = (b"PYTHONPATH", b"PYTHONHOME", b"PYTHONUSERBASE", b"PYTHONNOUSERSITE")
 
 
 def _warm() -> None:
@@ -122,25 +122,29 @@ class Server:
                         return
                     continue
                 conn, _ = self._listener.accept()
-                last = time.monotonic()
-                if not self._handle(conn):
+                outcome = self._handle(conn)
+                if outcome == "stale":
                     return
+                if outcome == "served":  # not a declined caller: that keeps no server alive
+                    last = time.monotonic()
         finally:
             if self._ours():
                 os.unlink(self.path)
             self._listener.close()
 
-    def _handle(self, conn: socket.socket) -> bool:
-        """Serve one client; return False when this server must stop (it is stale)."""
+    def _handle(self, conn: socket.socket) -> str:
+        """Serve one client: "served", "stale" (this server must stop) or "ignored"."""
         fds: list[int] = []
         try:
             peer = _PEERCRED.unpack(
                 conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
             )
             if peer[1] != os.getuid():
-                return True
+                return "ignored"
             conn.settimeout(WAIT)  # a client stuck mid-request must not stall the rest
-            data, ancillary, _, _ = conn.recvmsg(1 << 16, socket.CMSG_SPACE(4 * len(FDS)))
+            data, ancillary, _, _ = conn.recvmsg(
+                1 << 16, socket.CMSG_SPACE(4 * len(FDS)), socket.MSG_CMSG_CLOEXEC
+            )
             for level, kind, payload in ancillary:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                     usable = len(payload) - len(payload) % 4
@@ -148,45 +152,44 @@ class Server:
             while data and (len(data) < 4 or len(data) < 4 + int.from_bytes(data[:4], "little")):
                 more = conn.recv(1 << 16)
                 if not more:
-                    return True
+                    return "ignored"
                 data += more
             if len(fds) != len(FDS) or len(data) != 4 + int.from_bytes(data[:4], "little"):
-                return True
+                return "ignored"
             fields = data[4:].split(b"\0")
             if fields[0] != PROTOCOL or _fingerprint(self._files) != self._fingerprint:
                 conn.sendall(REFUSED)  # another version of git-theta: make way
-                return False
+                return "stale"
             if len(fields) < 6 or not self._like_us(fields[5], fields[6:]):
                 conn.sendall(DECLINED)
-                return True
+                return "ignored"
             try:
                 pid = os.fork()
             except OSError:
                 conn.sendall(DECLINED)
-                return True
+                return "ignored"
             if pid == 0:
-                self._listener.close()
-                _child(conn, fds, fields)  # never returns
-            return True
+                try:
+                    self._listener.close()
+                    _child(conn, fds, fields)  # never returns
+                finally:
+                    os._exit(1)
+            return "served"
         except Exception:  # a client that breaks off or sends nonsense; serve the next
-            return True
+            return "ignored"
         finally:
             for fd in fds:
                 with contextlib.suppress(OSError):
                     os.close(fd)
             conn.close()
 
-    def _like_us(self, groups: bytes, env: list[bytes]) -> bool:
+    def _like_us(self, theirs_groups: bytes, env: list[bytes]) -> bool:
         """Whether a worker of ours can act for this caller: the same groups (a worker's
         files and permissions are the server's), the same module search path."""
         theirs = dict(entry.partition(b"=")[::2] for entry in env if b"=" in entry)
-        return groups == _groups() and all(
+        return theirs_groups == groups() and all(
             theirs.get(key) == self._python_env.get(key) for key in PATH_VARIABLES
         )
-
-
-def _groups() -> bytes:
-    return b",".join(b"%d" % g for g in (os.getgid(), *sorted(os.getgroups())))
 
 
 def _name(name: str) -> None:
@@ -205,7 +208,8 @@ def _reap() -> None:
 
 class _Started:
     """A helper the client started for us: not our child, so it is done when its output
-    ends (the callers close its input first)."""
+    ends (the callers close its input first), and its exit status is the client's to
+    collect: ``wait`` returns 0. The one caller, the downloader, checks the objects."""
 
     def __init__(self, stdin: int, stdout: int):
         self.stdin: IO[bytes] | None = os.fdopen(stdin, "wb")
@@ -238,7 +242,9 @@ class _Caller:
         body = b"\0".join(fields)
         with self._lock:
             self._conn.sendall(SPAWN + len(body).to_bytes(4, "little") + body)
-            data, ancillary, _, _ = self._conn.recvmsg(5, socket.CMSG_SPACE(8))
+            data, ancillary, _, _ = self._conn.recvmsg(
+                5, socket.CMSG_SPACE(8), socket.MSG_CMSG_CLOEXEC
+            )
             while 0 < len(data) < 5:
                 more = self._conn.recv(5 - len(data))
                 if not more:
@@ -262,10 +268,10 @@ def _child(conn: socket.socket, fds: list[int], fields: list[bytes]) -> None:
     code = 1
     try:
         conn.sendall(ACCEPTED + os.getpid().to_bytes(4, "little"))
-        conn.settimeout(WAIT)
+        # No timeout: a client that gives up closes the connection, and that ends us here.
+        conn.settimeout(None)
         if conn.recv(1) != GO:  # the client gave up waiting and filters by itself
             os._exit(0)
-        conn.settimeout(None)
         _name("git-theta")  # what git's own filter process would be called
         for target, fd in zip(FDS, fds, strict=True):
             os.dup2(fd, target)
