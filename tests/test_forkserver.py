@@ -402,3 +402,36 @@ def test_stop_servers_stops_only_the_servers_of_a_directory(servers: Path, tmp_p
     finally:
         theirs.terminate()
         theirs.wait()
+
+
+def servers_running(directory: Path) -> int:
+    count = 0
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                argv = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"git_theta.forkserver" in argv and argv[-2].startswith(bytes(directory)):
+                count += 1
+    return count
+
+
+def test_commands_started_at_once_start_one_server(
+    repo: Path, tmp_path: Path, servers: Path
+) -> None:
+    repos = []  # beside ``repo``, whose fixture installed git-theta in the global config
+    for i in range(4):
+        r = tmp_path / f"r{i}"
+        r.mkdir()
+        git(r, "init", "-q")
+        (r / ".gitattributes").write_text("*.safetensors filter=theta -text\n")
+        (r / "model.safetensors").write_bytes(st_from_arrays(f32(SHAPES, seed=20 + i)))
+        repos.append(r)
+    procs = [subprocess.Popen(["git", "add", "-A"], cwd=r, stderr=subprocess.PIPE) for r in repos]
+    for proc in procs:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+    wait_for_server(servers)
+    assert servers_running(servers) == 1
+    assert not Path(str(sock_path(servers)) + filter_client.STARTING).exists()

@@ -29,6 +29,7 @@ import _signal  # type: ignore[import-not-found]  # signal would import enum
 import _socket
 import os
 import sys
+import time
 
 PROTOCOL = b"1"
 ACCEPTED, REFUSED, DECLINED, GO = b"+", b"-", b"=", b"!"
@@ -39,6 +40,8 @@ WAIT = 10.0  # seconds a client waits for the server's answer before filtering i
 # What decides where modules are imported from: a worker has its server's sys.path.
 PATH_VARIABLES = (b"PYTHONPATH", b"PYTHONHOME", b"PYTHONUSERBASE", b"PYTHONNOUSERSITE")
 _LEN = 4  # bytes of the request's length prefix, the pid and the exit code
+STARTING = ".starting"  # beside the socket while a server starts (see _may_start)
+START_BACKOFF = 10.0
 _MAX_PATH = 107  # bytes of a Unix socket's path, without the final NUL
 
 
@@ -179,9 +182,32 @@ def _open_fds() -> list[int]:
     return [int(name) for name in os.listdir("/proc/self/fd")]
 
 
+def _may_start(path: str) -> bool:
+    """Claim the start of ``path``'s server: false while another start is under way, or
+    failed less than START_BACKOFF seconds ago (its claim stays, so commands run at once,
+    or a server that cannot start, do not each spawn one)."""
+    claim = path + STARTING
+    for _ in range(2):
+        try:
+            os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+            return True
+        except FileExistsError:
+            try:
+                if time.time() - os.stat(claim).st_mtime < START_BACKOFF:
+                    return False
+                os.unlink(claim)  # an old claim: its start failed; try again
+            except OSError:
+                return False
+        except OSError:
+            return False
+    return False
+
+
 def start_server(path: str) -> None:
     """Start a server for ``path`` in the background: its own session, no terminal, none
     of the descriptors git left open (a git-lfs filter's pipes among them)."""
+    if not _may_start(path):
+        return
     argv = [sys.executable, "-P", "-m", "git_theta.forkserver", path]
     actions: list[tuple[int, ...] | tuple[int, int, str, int, int]] = [
         (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),

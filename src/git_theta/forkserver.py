@@ -40,6 +40,7 @@ from git_theta.filter_client import (
     PROTOCOL,
     REFUSED,
     SPAWN,
+    STARTING,
     WAIT,
     groups,
 )
@@ -351,9 +352,11 @@ def main(argv: list[str]) -> int:
     gc.freeze()
     try:
         server = Server(argv[0], idle)
-    except OSError as exc:
+    except OSError as exc:  # the claim stays: no new start for a while
         sys.stderr.write(f"git-theta: filter server: {exc}\n")
         return 1
+    with contextlib.suppress(FileNotFoundError):  # started: the next may claim a start
+        os.unlink(argv[0] + STARTING)
     server.serve()
     return 0
 
