@@ -22,7 +22,7 @@ from st_files import f32, st_from_arrays
 
 import git_theta
 from git_theta import filter_client
-from git_theta.forkserver import stop_servers
+from git_theta.forkserver import running_servers, stop_servers
 
 SHAPES = {"a.weight": (64, 32), "b.weight": (32, 16), "c.bias": (16,)}
 SERVED = "git-theta: served by filter server"
@@ -404,19 +404,6 @@ def test_stop_servers_stops_only_the_servers_of_a_directory(servers: Path, tmp_p
         theirs.wait()
 
 
-def servers_running(directory: Path) -> int:
-    count = 0
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                argv = (proc / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"git_theta.forkserver" in argv and argv[-2].startswith(bytes(directory)):
-                count += 1
-    return count
-
-
 def test_commands_started_at_once_start_one_server(
     repo: Path, tmp_path: Path, servers: Path
 ) -> None:
@@ -433,5 +420,5 @@ def test_commands_started_at_once_start_one_server(
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err
     wait_for_server(servers)
-    assert servers_running(servers) == 1
+    assert len(running_servers(str(servers))) == 1
     assert not Path(str(sock_path(servers)) + filter_client.STARTING).exists()

@@ -312,9 +312,9 @@ def _child(conn: socket.socket, fds: list[int], fields: list[bytes]) -> None:
             os._exit(code)
 
 
-def stop_servers(directory: str) -> int:
-    """Terminate the servers whose sockets are in ``directory`` (Linux); return how many."""
-    stopped = 0
+def running_servers(directory: str) -> list[int]:
+    """The pids of the servers whose sockets are in ``directory`` (Linux)."""
+    pids = []
     where = os.fsencode(os.path.abspath(directory)) + b"/"
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -325,9 +325,17 @@ def stop_servers(directory: str) -> int:
         except OSError:
             continue
         if b"git_theta.forkserver" in argv and argv[-2].startswith(where):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(entry.name), signal.SIGTERM)
-                stopped += 1
+            pids.append(int(entry.name))
+    return pids
+
+
+def stop_servers(directory: str) -> int:
+    """Terminate the servers whose sockets are in ``directory``; return how many."""
+    stopped = 0
+    for pid in running_servers(directory):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+            stopped += 1
     return stopped
 
 
