@@ -132,8 +132,9 @@ def _forward_signals(pid: int) -> None:
         except OSError:
             pass  # it has finished already
 
+    ignored = ignored_signals()
     for signum in FORWARDED:
-        if _signal.getsignal(signum) != _signal.SIG_IGN:  # ignored ones stay ignored
+        if signum not in ignored:  # ignored ones stay ignored, as the worker has them
             _signal.signal(signum, forward)
 
 
