@@ -2,6 +2,12 @@
 
 A hook that is not ours is kept as ``pre-push.theta-chained`` and run after ours with the
 same arguments and input; we never delete or overwrite another tool's hook.
+
+Our hook also does Git LFS's work (``git lfs pre-push``) unless the chained hook does it:
+once our hook is in place ``git lfs install`` refuses to add its own ("Hook already
+exists"), and a repository whose plain LFS files never reach the remote is broken for
+everyone who clones it. ``git lfs install --force`` replaces our hook with Git LFS's; the
+next git-theta command or filter run puts ours back in front of it.
 """
 
 from __future__ import annotations
@@ -14,10 +20,13 @@ from git_theta.errors import ThetaError
 
 MARKER = "# git-theta pre-push hook"
 CHAINED = "pre-push.theta-chained"
+LFS_CALL = "git lfs pre-push"
+WATCH_MARKER = "# git-theta reference-transaction hook"
 
 SCRIPT = f"""#!/bin/sh
-{MARKER}: uploads tensor objects before git updates the remote's refs.
-# A hook that was here before is kept as {CHAINED} and runs after this one.
+{MARKER}: uploads tensor objects, then Git LFS objects, before git updates the
+# remote's refs. A hook that was here before is kept as {CHAINED} and runs
+# after this one; when it does not run `{LFS_CALL}`, this hook does.
 command -v git-theta >/dev/null 2>&1 || {{
   echo "git-theta is not on PATH: tensor objects cannot be uploaded, push refused" >&2
   exit 1
@@ -29,7 +38,34 @@ git-theta pre-push "$@" <"$input" || exit $?
 chained="$(dirname "$0")/{CHAINED}"
 if [ -x "$chained" ]; then
   "$chained" "$@" <"$input" || exit $?
+  grep -q "{LFS_CALL}" "$chained" && exit 0
 fi
+command -v git-lfs >/dev/null 2>&1 || exit 0  # no Git LFS, no plain LFS files to send
+{LFS_CALL} "$@" <"$input"
+"""
+
+# Runs on every ref update, so it costs a shell and a grep unless our pre-push hook is
+# gone (`git lfs install --force` replaces it): then it puts it back and, when the update
+# is a push's remote-tracking refs, uploads what that push sent without its objects.
+WATCH_CHAINED = "reference-transaction.theta-chained"
+WATCH_SCRIPT = f"""#!/bin/sh
+{WATCH_MARKER}: puts the pre-push hook back when another tool
+# replaced it, and uploads the tensor objects of a push made without it.
+# A hook that was here before is kept as {WATCH_CHAINED} and runs first.
+hooks=$(dirname "$0")
+chained="$hooks/{WATCH_CHAINED}"
+if [ -x "$chained" ]; then
+  input=$(mktemp) || exit 1
+  trap 'rm -f "$input"' EXIT
+  cat >"$input"
+  "$chained" "$@" <"$input" || exit $?
+  exec <"$input"
+fi
+[ "$1" = committed ] || exit 0
+grep -qF "{MARKER}" "$hooks/pre-push" 2>/dev/null && exit 0
+command -v git-theta >/dev/null 2>&1 || exit 0
+git-theta after-push || true
+exit 0
 """
 
 
@@ -37,43 +73,74 @@ class HooksElsewhereError(ThetaError):
     """core.hooksPath points outside the repository: hooks there are not ours to change."""
 
 
-def install_hooks(cwd: str | None = None) -> str:
-    """Install (or refresh) our pre-push hook in the repository; return its path.
+def is_lfs_hook(text: str) -> bool:
+    """True when ``text`` is a hook Git LFS wrote: it does nothing but ``git lfs pre-push``
+    (any of its versions), so our hook can stand in for it."""
+    body = [
+        line.strip()
+        for line in text.splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+    return (
+        bool(body)
+        and body[-1] == f'{LFS_CALL} "$@"'
+        and all(line.startswith("command -v git-lfs") for line in body[:-1])
+    )
 
-    Raises HooksElsewhereError when core.hooksPath points outside the git directory (a
-    shared or tracked hooks directory), and ThetaError when a foreign hook is present
-    and a chained one already exists, rather than lose either.
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+    except FileNotFoundError:
+        return None
+
+
+def install_hooks(cwd: str | None = None) -> str:
+    """Install (or refresh) our pre-push and reference-transaction hooks; return the
+    pre-push hook's path.
+
+    A hook Git LFS put over ours (``git lfs install --force``) is replaced again when a
+    chained hook already exists: ours does Git LFS's work. Raises HooksElsewhereError when
+    core.hooksPath points outside the git directory (a shared or tracked hooks directory),
+    and ThetaError when a foreign hook is present and a different chained one already
+    exists, rather than lose either.
     """
     hooks = git.hooks_dir(cwd)
     common = os.path.realpath(git.common_dir(cwd))
     if os.path.commonpath([os.path.realpath(hooks), common]) != common:
         raise HooksElsewhereError(
             f"core.hooksPath is {hooks}, outside this repository; git-theta does not write "
-            'there: add `git-theta pre-push "$@"` to that pre-push hook, or pushes will not '
-            "upload tensor objects"
+            f'there: add `git-theta pre-push "$@"` and `{LFS_CALL} "$@"` to that pre-push '
+            "hook, or pushes will not upload tensor objects"
         )
-    hook = os.path.join(hooks, "pre-push")
-    try:
-        with open(hook, encoding="utf-8", errors="replace") as fh:
-            current: str | None = fh.read()
-    except FileNotFoundError:
-        current = None
-    if current == SCRIPT:
+    hook = _install(hooks, "pre-push", SCRIPT, MARKER, CHAINED)
+    _install(hooks, "reference-transaction", WATCH_SCRIPT, WATCH_MARKER, WATCH_CHAINED)
+    return hook
+
+
+def _install(hooks: str, name: str, script: str, marker: str, chained_name: str) -> str:
+    hook = os.path.join(hooks, name)
+    current = _read(hook)
+    if current == script:
         return hook
     os.makedirs(hooks, exist_ok=True)
-    if current is not None and MARKER not in current:
-        chained = os.path.join(hooks, CHAINED)
-        if os.path.exists(chained):
+    if current is not None and marker not in current:
+        chained = os.path.join(hooks, chained_name)
+        before = _read(chained)
+        if before is None:
+            os.replace(hook, chained)
+        elif before != current and not is_lfs_hook(current):
             raise ThetaError(
                 f"{hook} is not git-theta's and {chained} exists too; merge them by hand, "
                 "then run `git theta install --local`"
             )
-        os.replace(hook, chained)
+        # else: the chained hook holds it already, or it is Git LFS's (ours does its work)
     # Unique per process: two filters (two git commands) may refresh the hook at once.
-    tmp = os.path.join(hooks, f"pre-push.theta-tmp-{os.getpid()}")
+    tmp = os.path.join(hooks, f"{name}.theta-tmp-{os.getpid()}")
     try:
         with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(SCRIPT)
+            fh.write(script)
         os.chmod(tmp, 0o755)
         os.replace(tmp, hook)
     finally:

@@ -89,6 +89,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("remote")
     p.add_argument("url", nargs="?")
 
+    p = sub.add_parser(
+        "upload", help="upload the tensor objects of revisions (default: the remote's refs)"
+    )
+    p.add_argument("remote")
+    p.add_argument("revs", nargs="*", metavar="REV")
+
+    sub.add_parser("after-push", help="repair a replaced pre-push hook (run by a hook)")
+
     sub.add_parser("filter-process", help="git's long-running filter (used by git)")
     for name in ("clean", "smudge"):
         p = sub.add_parser(name, help=f"one-shot {name} filter (used by git)")
@@ -176,6 +184,14 @@ def main(argv: list[str] | None = None) -> int:
             from git_theta.commands.remote import pre_push
 
             return pre_push(args.remote, sys.stdin.read().splitlines())
+        if args.command == "upload":
+            from git_theta.commands.remote import upload_command
+
+            return upload_command(args.remote, args.revs)
+        if args.command == "after-push":
+            from git_theta.commands.remote import after_push
+
+            return after_push(sys.stdin.read().splitlines())
         if args.command == "filter-process":
             from git_theta.commands.filter import filter_process
 

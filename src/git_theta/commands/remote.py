@@ -33,7 +33,6 @@ def pre_push(remote: str, lines: list[str]) -> int:
     Raises ObjectMissingError when an object is neither local nor known to be on the
     remote, so the push stops instead of leaving a broken repository behind.
     """
-    repo = Repo()
     include: list[str] = []
     exclude = git.remote_tracking_refs(remote)
     for line in lines:
@@ -43,8 +42,22 @@ def pre_push(remote: str, lines: list[str]) -> int:
         include.append(fields[1])
         if fields[3] != ZERO and git.object_exists(fields[3]):
             exclude.append(fields[3])
+    count = upload(remote, include, exclude)
+    if count:
+        sys.stderr.write(f"git-theta: {count} tensor objects checked or uploaded to {remote}\n")
+    return 0
+
+
+def upload(remote: str, include: list[str], exclude: list[str]) -> int:
+    """Upload every object the manifests in ``include`` but not ``exclude`` need (what
+    the remote is known to have); return how many were checked or uploaded.
+
+    Raises ObjectMissingError when an object is neither local nor known to be on the
+    remote.
+    """
     if not include:
         return 0
+    repo = Repo()
     wanted = needed_by(manifests_between(include, exclude))
     known_remote = set(needed_by([m for rev in exclude for m in manifests_at(rev)]))
     local = [ref for ref in wanted if repo.store.has(ref)]
@@ -54,9 +67,58 @@ def pre_push(remote: str, lines: list[str]) -> int:
             f"push refused: object {lost[0].oid} for {wanted[lost[0]]} is not in the local "
             f"store ({len(lost)} missing); run `git theta fetch --all` and push again"
         )
-    count = transfer.push(remote, local)
-    if count:
-        sys.stderr.write(f"git-theta: {count} tensor objects checked or uploaded to {remote}\n")
+    return transfer.push(remote, local)
+
+
+def after_push(lines: list[str]) -> int:
+    """The reference-transaction hook's half (state ``committed``), run only when our
+    pre-push hook had been replaced (``git lfs install --force``): upload the objects of
+    what was just pushed, as the remote-tracking refs moved, and put our hook back.
+
+    ``lines`` are git's ``OLD NEW REFNAME``. Returns 0; a failed upload says how to retry.
+    """
+    from git_theta.hooks import install_hooks
+
+    install_hooks()
+    remotes = sorted(git.git("remote").decode().split(), key=len, reverse=True)
+    pushed: dict[str, tuple[list[str], list[str]]] = {}
+    for line in lines:
+        fields = line.split()
+        if len(fields) != 3 or fields[1] == ZERO or not fields[2].startswith("refs/remotes/"):
+            continue
+        name = fields[2].removeprefix("refs/remotes/")
+        remote = next((r for r in remotes if name.startswith(r + "/")), None)
+        if remote is None:
+            continue
+        include, exclude = pushed.setdefault(remote, ([], []))
+        include.append(fields[1])
+        if fields[0] != ZERO and git.object_exists(fields[0]):
+            exclude.append(fields[0])
+    for remote, (include, exclude) in pushed.items():
+        try:
+            count = upload(remote, include, exclude)
+        except ThetaError as exc:
+            sys.stderr.write(
+                f"git-theta: error: the pre-push hook had been replaced, so this push sent "
+                f"no tensor objects, and uploading them now failed: {exc}; run "
+                f"`git theta upload {remote}` to retry\n"
+            )
+            continue
+        sys.stderr.write(
+            f"git-theta: the pre-push hook had been replaced (git lfs install --force?); it "
+            f"is back, and {count} tensor objects of this push were uploaded to {remote}\n"
+        )
+    return 0
+
+
+def upload_command(remote: str, revs: list[str]) -> int:
+    """``git theta upload REMOTE [REV...]``: upload every object the checkpoints in
+    ``revs`` (default: the remote's tracking refs) need, whatever the remote has."""
+    include = revs or git.remote_tracking_refs(remote)
+    if not include:
+        raise ThetaError(f"no revision given and no refs of remote {remote!r} are known")
+    count = upload(remote, include, [])
+    sys.stderr.write(f"git-theta: {count} tensor objects checked or uploaded to {remote}\n")
     return 0
 
 

@@ -1,0 +1,153 @@
+"""git-theta inside repositories that also use Git LFS for plain files (every Hugging Face
+repository): whatever order the two tools set up their hooks in, a push sends both kinds of
+objects and a fresh clone gets every file back exactly."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from conftest import git, sha256
+from lfs_server import LfsServer
+from st_files import f32, st_from_arrays
+
+from git_theta.commands.cli import main
+from git_theta.hooks import MARKER
+
+SHAPES = {"emb": (64, 16), "layer.weight": (16, 16), "layer.bias": (16,)}
+TOKENIZER = b'{"vocab": {"a": 0, "b": 1}, "merges": []}\n' * 50
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[LfsServer]:
+    srv = LfsServer(tmp_path)
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+def lfs(repo: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
+    """Run git-lfs as a user would, letting it refuse (it exits 2 for a foreign hook)."""
+    return git(repo, "lfs", *args, check=False)
+
+
+def theta_setup(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert main(["install"]) == 0
+    monkeypatch.chdir(repo)
+    assert main(["track", "*.safetensors"]) == 0
+
+
+def lfs_setup(repo: Path) -> None:
+    lfs(repo, "install")
+    assert lfs(repo, "track", "*.json").returncode == 0
+
+
+def theta_first(repo: Path, mp: pytest.MonkeyPatch) -> None:
+    theta_setup(repo, mp)
+    lfs_setup(repo)  # git lfs install refuses: "Hook already exists: pre-push"
+
+
+def lfs_first(repo: Path, mp: pytest.MonkeyPatch) -> None:
+    lfs_setup(repo)
+    theta_setup(repo, mp)
+
+
+def then_lfs_update(repo: Path, mp: pytest.MonkeyPatch) -> None:
+    theta_first(repo, mp)
+    lfs(repo, "update")
+
+
+def then_lfs_install_force(repo: Path, mp: pytest.MonkeyPatch) -> None:
+    """Git LFS overwrites our hook with its own; nothing of git-theta runs before the push."""
+    lfs_first(repo, mp)
+    assert lfs(repo, "install", "--force").returncode == 0
+    assert MARKER not in (repo / ".git/hooks/pre-push").read_text()
+
+
+def theta_first_then_lfs_force(repo: Path, mp: pytest.MonkeyPatch) -> None:
+    theta_setup(repo, mp)
+    assert lfs(repo, "install", "--force").returncode == 0
+    assert lfs(repo, "track", "*.json").returncode == 0
+
+
+def later_lfs_track(repo: Path, mp: pytest.MonkeyPatch) -> None:
+    """Git LFS set up once for the user (filters only, as `git lfs install` run outside
+    any repository leaves it): no Git LFS hook in this repository, ever."""
+    assert lfs(repo, "install", "--skip-repo").returncode == 0
+    theta_setup(repo, mp)
+    assert lfs(repo, "track", "*.json").returncode == 0
+
+
+ORDERS: dict[str, Callable[[Path, pytest.MonkeyPatch], None]] = {
+    "theta-first": theta_first,
+    "lfs-first": lfs_first,
+    "lfs-update": then_lfs_update,
+    "lfs-install-force": then_lfs_install_force,
+    "theta-first-lfs-force": theta_first_then_lfs_force,
+    "later-lfs-track": later_lfs_track,
+}
+
+
+@pytest.mark.parametrize("order", sorted(ORDERS))
+def test_both_kinds_of_objects_reach_the_server_in_any_hook_order(
+    order: str, tmp_path: Path, server: LfsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    git(work, "init", "-q")
+    ORDERS[order](work, monkeypatch)
+    remote = tmp_path / "origin.git"
+    git(tmp_path, "init", "-q", "--bare", str(remote))
+    git(work, "remote", "add", "origin", f"file://{remote}")
+    git(work, "config", "lfs.transfer.maxretries", "1")
+    (work / ".lfsconfig").write_text(f'[lfs]\n\turl = "{server.url("hf")}"\n')
+    (work / "tokenizer.json").write_bytes(TOKENIZER)
+    (work / "README.md").write_text("# a model\n")
+    (work / "model.safetensors").write_bytes(st_from_arrays(f32(SHAPES, 1)))
+    want = {name: sha256(work / name) for name in ("tokenizer.json", "README.md")}
+    want["model.safetensors"] = sha256(work / "model.safetensors")
+    git(work, "add", "-A")
+    git(work, "commit", "-q", "-m", "model, tokenizer, readme")
+    assert git(work, "lfs", "ls-files", "-n").stdout.decode().split() == ["tokenizer.json"]
+    git(work, "push", "-q", "origin", "main")
+
+    # The plain LFS file's object and every tensor object are on the server.
+    tokenizer_oid = git(work, "lfs", "ls-files", "-l").stdout.decode().split()[0]
+    assert tokenizer_oid in server.objects()
+    local = {p.name for p in (work / ".git/lfs/objects").rglob("*") if p.is_file()}
+    assert local <= server.objects()
+    # Our hook is in front again, whatever git-lfs did to it.
+    assert MARKER in (work / ".git/hooks/pre-push").read_text()
+
+    copy = tmp_path / "copy"
+    done = subprocess.run(
+        ["git", "clone", "-q", f"file://{remote}", str(copy)], capture_output=True, env=os.environ
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    assert {name: sha256(copy / name) for name in want} == want
+    assert git(copy, "status", "--porcelain").stdout == b""
+
+
+def test_force_replaced_hook_is_restored_by_the_next_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    git(work, "init", "-q")
+    theta_setup(work, monkeypatch)
+    lfs(work, "install", "--force")
+    hook = work / ".git/hooks/pre-push"
+    lfs_hook = hook.read_text()
+    assert MARKER not in lfs_hook
+    git(work, "add", ".gitattributes")
+    git(work, "commit", "-q", "-m", "attributes")
+    assert MARKER in hook.read_text()
+    assert (work / ".git/hooks/pre-push.theta-chained").read_text() == lfs_hook
+    # Replaced again (the chained copy exists now): still restored, nothing lost.
+    lfs(work, "install", "--force")
+    git(work, "commit", "-q", "--allow-empty", "-m", "again")
+    assert MARKER in hook.read_text()
+    assert (work / ".git/hooks/pre-push.theta-chained").read_text() == lfs_hook
