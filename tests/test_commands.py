@@ -74,6 +74,7 @@ def test_track_from_a_subdirectory_anchors_the_pattern(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     git(tmp_path, "init", "-q")
+    assert main(["install"]) == 0
     (tmp_path / "models" / "v1").mkdir(parents=True)
     monkeypatch.chdir(tmp_path / "models")
     assert main(["track", "v1/my model.safetensors", "*.pt"]) == 0

@@ -10,7 +10,14 @@ from git_theta.update_rules import ENV, PATH_ENV, check_type
 
 
 def add(paths: list[str], update_type: str | None, update_path: str | None = None) -> int:
-    """Run ``git add`` on ``paths`` with GIT_THETA_UPDATE_TYPE / _PATH when given."""
+    """Run ``git add`` on ``paths`` with GIT_THETA_UPDATE_TYPE / _PATH when given.
+
+    Raises NotSetUpError when git-theta's filter is not configured (git would store the
+    raw bytes).
+    """
+    from git_theta.setup_check import require_filter
+
+    require_filter()
     if update_path is not None:
         if update_type not in ("low-rank", "ia3"):
             raise UsageError("--update-path needs --update-type low-rank or ia3")

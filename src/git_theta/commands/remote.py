@@ -162,6 +162,9 @@ def _is_placeholder(path: Path) -> bool:
 def checkout(paths: list[str], force: bool = False) -> int:
     """Write checkpoints into the work tree directly (not through git's filter pipe, so
     memory does not grow with the file), downloading objects as needed."""
+    from git_theta.setup_check import require_filter
+
+    require_filter()  # the index refresh below would hash the weights as a plain blob
     top = git.toplevel()
     prefix = git.show_prefix()
     repo = Repo(str(top))

@@ -37,7 +37,14 @@ def update_attributes(text: str, pattern: str) -> str:
 
 
 def track(patterns: list[str]) -> int:
-    """Add each pattern (relative to the current directory) to the root .gitattributes."""
+    """Add each pattern (relative to the current directory) to the root .gitattributes.
+
+    Raises NotSetUpError when git-theta's filter is not configured: git would then commit
+    the checkpoints' raw bytes.
+    """
+    from git_theta.setup_check import require_filter
+
+    require_filter()
     top = git.toplevel()
     prefix = git.show_prefix()
     attributes = top / ".gitattributes"
