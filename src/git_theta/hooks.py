@@ -147,3 +147,28 @@ def _install(hooks: str, name: str, script: str, marker: str, chained_name: str)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
     return hook
+
+
+def remove_hooks(cwd: str | None = None) -> list[str]:
+    """Remove our hooks, putting back the hooks they chained to; return what changed.
+
+    A hook that is not ours is left alone.
+    """
+    hooks = git.hooks_dir(cwd)
+    changed = []
+    for name, marker, chained_name in (
+        ("pre-push", MARKER, CHAINED),
+        ("reference-transaction", WATCH_MARKER, WATCH_CHAINED),
+    ):
+        hook = os.path.join(hooks, name)
+        current = _read(hook)
+        if current is None or marker not in current:
+            continue
+        chained = os.path.join(hooks, chained_name)
+        if os.path.lexists(chained):
+            os.replace(chained, hook)
+            changed.append(f"restored {hook} (the hook git-theta had chained)")
+        else:
+            os.unlink(hook)
+            changed.append(f"removed {hook}")
+    return changed

@@ -31,6 +31,16 @@ def _parser() -> argparse.ArgumentParser:
         )
     p.set_defaults(scope="global")
 
+    p = sub.add_parser("uninstall", help="remove git-theta's git config and hooks")
+    scope = p.add_mutually_exclusive_group()
+    for name in ("global", "local", "system"):
+        scope.add_argument(
+            f"--{name}", dest="scope", action="store_const", const=name, help=f"{name} config"
+        )
+    p.set_defaults(scope="global")
+
+    sub.add_parser("doctor", help="show git-theta's set-up here and what is wrong with it")
+
     p = sub.add_parser("track", help="track checkpoint paths or globs with git-theta")
     p.add_argument("patterns", nargs="+", metavar="PATH_OR_GLOB")
 
@@ -135,6 +145,14 @@ def main(argv: list[str] | None = None) -> int:
             from git_theta.commands.install import install
 
             return install(args.scope)
+        if args.command == "uninstall":
+            from git_theta.commands.uninstall import uninstall
+
+            return uninstall(args.scope)
+        if args.command == "doctor":
+            from git_theta.commands.doctor import doctor
+
+            return doctor()
         if args.command == "track":
             from git_theta.commands.track import track
 
