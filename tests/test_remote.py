@@ -422,7 +422,10 @@ def test_unwritable_hooks_dir_is_one_line_and_checkout_still_works(repo: Path) -
     assert sha256(repo / "model.safetensors") == sha
     lines = done.stderr.decode().splitlines()
     assert len(lines) == 1 and "Traceback" not in done.stderr.decode()
-    assert lines[0].startswith("git-theta: internal error: NotADirectoryError: ")
+    assert lines[0] == (
+        f"git-theta: error: a component of {hooks}/pre-push is not a directory: "
+        "move that file aside"
+    )
 
 
 def test_push_without_git_lfs_is_refused_in_one_line(

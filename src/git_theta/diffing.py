@@ -16,6 +16,7 @@ from git_theta import chains
 from git_theta.content import content_hash
 from git_theta.dtypes import FLOAT_KINDS, lookup
 from git_theta.errors import CheckpointError, ThetaError
+from git_theta.files import open_regular
 from git_theta.formats import detect
 from git_theta.formats.base import SNIFF_MAX
 from git_theta.manifest import Link, Manifest, TensorEntry
@@ -92,8 +93,8 @@ def from_file(
     Each tensor is read once; ``visit(name, dtype, data)`` sees its bytes while they are
     in hand (textconv computes norms there instead of reading the file again).
     """
-    size = os.path.getsize(path)
-    with open(path, "rb") as fh:
+    with open_regular(path) as fh:  # a work-tree file: never a FIFO, never via a symlink
+        size = os.fstat(fh.fileno()).st_size
         fmt = detect(fh.read(SNIFF_MAX), path)
         fh.seek(0)
 
@@ -108,7 +109,7 @@ def from_file(
     for span in spans:
 
         def load(start: int = span.start, end: int = span.end) -> bytes:
-            with open(path, "rb") as fh:
+            with open_regular(path) as fh:
                 fh.seek(start)
                 return fh.read(end - start)
 

@@ -1,33 +1,83 @@
 """Content objects kept where git-lfs keeps its objects, so any LFS remote can carry them.
 
-An object is named by the sha256 of its bytes (a Git LFS oid). Writes go to a unique
-temporary file in the LFS tmp directory and are renamed into place; reads verify the oid.
+An object is named by the sha256 of its bytes (a Git LFS oid). Writes go to a temporary
+file (``theta-PID-RANDOM``, made by ``files.TempFile``) in the LFS tmp directory and are
+renamed into place; reads verify the oid. Temporaries a killed process left are removed
+by the first write of a later process and by ``git theta prune``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import itertools
 import mmap
 import os
-import threading
+import stat
+import time
 from collections.abc import Iterable
 from typing import BinaryIO, NamedTuple
 
 from git_theta.errors import ObjectCorruptError, ObjectMissingError
+from git_theta.files import TempFile, UnsafeFileError, open_regular
 
 # What ``read``/``get`` return: bytes, or a read-only mapping of the object's file. Both
 # slice to bytes and give memoryviews.
 ObjectBytes = bytes | mmap.mmap
 
-_counter = itertools.count()
 _COPY_CHUNK = 8 << 20
+TMP_PREFIX = "theta-"
+# A temporary is stale when its process is gone and it was untouched this long (a writer
+# touches it continuously; the wait spares one whose pid lives in another pid namespace
+# or on another host sharing the directory), or when untouched for a day whatever its pid
+# (the pid may have been reused).
+DEAD_WRITER_GRACE = 60.0
+STALE_AGE = 86400.0
+_swept: set[str] = set()  # tmp directories this process has swept
 
 
-def _remove(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, as another user
+        return True
+    return True
+
+
+def remove_stale_temporaries(directory: str, dry_run: bool = False) -> tuple[int, int]:
+    """Remove the ``theta-PID-...`` temporaries in ``directory`` that are stale (see
+    DEAD_WRITER_GRACE); return how many and their bytes. Nothing else is touched, git-lfs's
+    own temporaries included."""
+    now = time.time()
+    count = size = 0
+    try:
+        entries = list(os.scandir(directory))
+    except (FileNotFoundError, NotADirectoryError):
+        return 0, 0
+    for entry in entries:
+        fields = entry.name.split("-")
+        if not entry.name.startswith(TMP_PREFIX) or len(fields) < 3 or not fields[1].isdigit():
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        age = now - st.st_mtime
+        if not stat.S_ISREG(st.st_mode) or age < DEAD_WRITER_GRACE:
+            continue
+        if age < STALE_AGE and _alive(int(fields[1])):
+            continue
+        if not dry_run:
+            try:
+                os.unlink(entry.path)
+            except FileNotFoundError:
+                continue
+        count += 1
+        size += st.st_size
+    return count, size
 
 
 class ObjectRef(NamedTuple):
@@ -47,14 +97,25 @@ class ObjectStore:
         self.tmp = os.path.join(lfs_dir, "tmp")
 
     def tmp_dir(self) -> str:
-        """The directory for temporary files (created on demand)."""
+        """The directory for temporary files (created on demand; the first call in a
+        process removes stale temporaries). Raises UnsafeFileError when it is a symlink
+        or not a directory: git-theta never makes it one, so someone else did."""
         os.makedirs(self.tmp, exist_ok=True)
+        mode = os.lstat(self.tmp).st_mode
+        if not stat.S_ISDIR(mode):
+            raise UnsafeFileError(
+                f"{self.tmp} is not a directory (a symbolic link?); git-theta keeps its "
+                "temporary files only in a real directory: remove it and retry"
+            )
+        if self.tmp not in _swept:
+            _swept.add(self.tmp)
+            with contextlib.suppress(OSError):  # a sweep that fails must not fail a write
+                remove_stale_temporaries(self.tmp)
         return self.tmp
 
-    def _tmp_name(self) -> str:
-        """A temporary file name no other process or thread of ours uses."""
-        name = f"theta-{os.getpid()}-{threading.get_ident()}-{next(_counter)}"
-        return os.path.join(self.tmp_dir(), name)
+    def _temp_file(self) -> TempFile:
+        """A new temporary in tmp_dir(), named with our pid so a sweep can tell it is ours."""
+        return TempFile(self.tmp_dir(), f"{TMP_PREFIX}{os.getpid()}-")
 
     def path(self, oid: str) -> str:
         """Return where the object ``oid`` lives (git-lfs's ``aa/bb/oid`` layout)."""
@@ -67,59 +128,54 @@ class ObjectStore:
         except FileNotFoundError:
             return False
 
+    def _is_stored(self, final: str) -> bool:
+        try:
+            return stat.S_ISREG(os.lstat(final).st_mode)
+        except FileNotFoundError:
+            return False
+
     def put(self, parts: Iterable[bytes]) -> ObjectRef:
         """Store the concatenation of ``parts`` (unless present) and return its reference.
 
         Parts are written as they come, so the object is never joined in memory.
         """
-        tmp = self._tmp_name()
         digest = hashlib.sha256()
         size = 0
-        try:
-            with open(tmp, "xb") as fh:
-                for part in parts:
-                    digest.update(part)
-                    fh.write(part)
-                    size += len(part)
+        with self._temp_file() as tmp:
+            for part in parts:
+                digest.update(part)
+                tmp.file.write(part)
+                size += len(part)
             ref = ObjectRef(digest.hexdigest(), size)
             final = self.path(ref.oid)
-            if os.path.exists(final):
-                os.unlink(tmp)
+            if self._is_stored(final):  # the temporary is removed on leaving the block
                 with contextlib.suppress(OSError):  # in use again: out of prune's grace window
                     os.utime(final)
             else:
                 os.makedirs(os.path.dirname(final), exist_ok=True)
-                os.replace(tmp, final)
-        except BaseException:
-            _remove(tmp)
-            raise
+                tmp.commit(final)
         return ref
 
     def copy_in(self, source: str | os.PathLike[str], ref: ObjectRef) -> bool:
         """Copy the object ``ref`` from ``source`` (another repository's store) if its bytes
-        hash to ``ref``; return whether it is now here. A corrupt or absent source copies
-        nothing."""
-        tmp = self._tmp_name()
+        hash to ``ref``; return whether it is now here. A corrupt or absent source, or one
+        that is not a regular file, copies nothing."""
         digest = hashlib.sha256()
         size = 0
         try:
-            with open(source, "rb") as src, open(tmp, "xb") as dst:
-                while chunk := src.read(_COPY_CHUNK):
+            with open_regular(source) as src, self._temp_file() as tmp:
+                # Never more than one byte past the size: a longer file is wrong already.
+                while size <= ref.size and (chunk := src.read(_COPY_CHUNK)):
                     digest.update(chunk)
-                    dst.write(chunk)
+                    tmp.file.write(chunk)
                     size += len(chunk)
-            if size != ref.size or digest.hexdigest() != ref.oid:
-                os.unlink(tmp)
-                return False
-            final = self.path(ref.oid)
-            os.makedirs(os.path.dirname(final), exist_ok=True)
-            os.replace(tmp, final)
+                if size != ref.size or digest.hexdigest() != ref.oid:
+                    return False
+                final = self.path(ref.oid)
+                os.makedirs(os.path.dirname(final), exist_ok=True)
+                tmp.commit(final)
         except OSError:
-            _remove(tmp)
             return False
-        except BaseException:
-            _remove(tmp)
-            raise
         return True
 
     def open(self, ref: ObjectRef) -> BinaryIO:

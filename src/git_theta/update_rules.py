@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from git_theta.updates.base import UpdateType
 
 RULES_FILE = ".theta-updates"
+RULES_CAP = 1 << 20  # bytes: a rules file is a few lines; a committed one is untrusted
 ENV = "GIT_THETA_UPDATE_TYPE"
 PATH_ENV = "GIT_THETA_UPDATE_PATH"
 DEFAULT = "auto"
@@ -60,11 +61,19 @@ def load_policy(top: str) -> Callable[[str], UpdateType]:
         return lambda _name: plugin
     if inputs:
         raise UsageError(f"{PATH_ENV} needs {ENV} (low-rank or ia3) as well")
-    try:
-        with open(os.path.join(top, RULES_FILE), encoding="utf-8") as fh:
-            rules = parse_rules(fh.read(), RULES_FILE)
+    from git_theta.files import read_capped
+
+    try:  # a regular file of at most RULES_CAP (a symlink to /dev/zero is refused)
+        data = read_capped(os.path.join(top, RULES_FILE), RULES_CAP)
     except FileNotFoundError:
-        rules = []
+        data = b""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ThetaError(
+            f"{RULES_FILE}: not UTF-8 text (byte {exc.start}); fix the file and retry"
+        ) from None
+    rules = parse_rules(text, RULES_FILE)
     plugins = {key: UPDATES.get(key) for key in {DEFAULT, *(key for _, key in rules)}}
 
     def policy(name: str) -> UpdateType:

@@ -13,6 +13,7 @@ from typing import Any
 from git_theta import git
 from git_theta.diffing import FileDiff, TensorDiff, TensorSide, compare, from_file, from_manifest
 from git_theta.errors import UsageError
+from git_theta.files import open_regular
 from git_theta.history import manifests_at, manifests_in_index
 from git_theta.manifest import PREFIX, Manifest, is_manifest, parse
 from git_theta.proc import run
@@ -144,10 +145,10 @@ def render_json(reports: list[FileDiff]) -> str:
 
 def file_side(path: str, store: ObjectStore) -> dict[str, TensorSide]:
     """Describe a work-tree file: a checkpoint, or a manifest left by a skipped smudge."""
-    with open(path, "rb") as fh:
+    with open_regular(path) as fh:  # a work-tree path: never a FIFO, never via a symlink
         head = fh.read(64)
     if is_manifest(head):
-        with open(path, "rb") as fh:
+        with open_regular(path) as fh:
             return from_manifest(parse(fh.read()), store)
     return from_file(path)
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 from git_theta.errors import ManifestError
+from git_theta.files import atomic_write
 from git_theta.manifest import Manifest, is_manifest, parse
 from git_theta.merging import merge3
 
@@ -27,9 +27,7 @@ def merge_driver(base: str, ours: str, theirs: str, path: str) -> int:
         sys.stderr.write(f"git-theta: {path}: deleted on one side and changed on the other\n")
         return 1
     result = merge3(_read(base), o, t)
-    tmp = Path(ours).with_name(Path(ours).name + ".theta-tmp")
-    tmp.write_bytes(result.manifest.to_bytes())
-    os.replace(tmp, ours)
+    atomic_write(ours, result.manifest.to_bytes())
     if result.conflicts:
         names = ", ".join(result.conflicts[:10])
         more = f" and {len(result.conflicts) - 10} more" if len(result.conflicts) > 10 else ""

@@ -7,14 +7,17 @@ ever deletes git-theta objects, never plain Git LFS ones.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
 
 from git_theta.codec import MAGIC as DENSE
 from git_theta.commands.remote import needed_by
+from git_theta.files import UnsafeFileError, open_regular
 from git_theta.history import manifests_between, manifests_in_index
 from git_theta.repo import Repo
+from git_theta.store import remove_stale_temporaries
 from git_theta.updates.factored import MAGIC as FACTORED
 from git_theta.updates.sparse import MAGIC as SPARSE
 
@@ -34,12 +37,13 @@ def prune(dry_run: bool) -> int:
     for path in root.glob("??/??/*") if root.exists() else []:
         if path.name in keep or len(path.name) != 64:
             continue
-        stat = path.stat()
-        if now - stat.st_mtime < GRACE:
+        try:
+            with open_regular(path) as fh:  # nothing but regular files is ours
+                stat = os.fstat(fh.fileno())
+                if now - stat.st_mtime < GRACE or fh.read(4) not in (DENSE, SPARSE, FACTORED):
+                    continue  # new, or a plain Git LFS object: not ours to judge
+        except (UnsafeFileError, FileNotFoundError):
             continue
-        with open(path, "rb") as fh:
-            if fh.read(4) not in (DENSE, SPARSE, FACTORED):
-                continue  # a plain Git LFS object: not ours to judge
         count += 1
         size += stat.st_size
         if not dry_run:
@@ -49,4 +53,11 @@ def prune(dry_run: bool) -> int:
         f"git-theta: {verb} {count} unreferenced objects ({size / 1e6:.1f} MB), "
         f"kept {len(keep)} referenced\n"
     )
+    stale, stale_size = remove_stale_temporaries(repo.store.tmp, dry_run)
+    if stale:
+        verb = "would remove" if dry_run else "removed"
+        sys.stderr.write(
+            f"git-theta: {verb} {stale} temporary files of killed git-theta processes "
+            f"({stale_size / 1e6:.1f} MB) from {repo.store.tmp}\n"
+        )
     return 0

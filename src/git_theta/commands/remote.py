@@ -8,6 +8,7 @@ from pathlib import Path
 
 from git_theta import git, transfer
 from git_theta.errors import ObjectMissingError, ThetaError
+from git_theta.files import AtomicWriter, UnsafeFileError, open_regular
 from git_theta.history import manifests_at, manifests_between
 from git_theta.manifest import Manifest, is_manifest
 from git_theta.proc import run
@@ -148,12 +149,21 @@ def _placeholders(top: Path) -> list[str]:
     """Tracked files whose work-tree content is still a manifest (skipped smudge)."""
     out = git.git("ls-files", "-z", cwd=str(top)).split(b"\0")
     paths = [os.fsdecode(raw) for raw in out if raw]
-    return [p for p in paths if (top / p).is_file() and _is_placeholder(top / p)]
+    found = []
+    for path in paths:
+        try:  # a symlink, FIFO or directory is no placeholder of ours: never opened
+            if (top / path).exists() and _is_placeholder(top / path):
+                found.append(path)
+        except UnsafeFileError:
+            continue
+    return found
 
 
 def _is_placeholder(path: Path) -> bool:
+    """True when ``path`` holds a manifest or is absent. Raises UnsafeFileError when it is
+    not a regular file."""
     try:
-        with open(path, "rb") as fh:
+        with open_regular(path) as fh:
             return is_manifest(fh.read(64))
     except FileNotFoundError:
         return True
@@ -180,15 +190,10 @@ def checkout(paths: list[str], force: bool = False) -> int:
                     f"{path}: the file holds weights, not a manifest; refusing to overwrite "
                     "it (use --force, or `git checkout -- PATH` to discard changes)"
                 )
-            tmp = dest.with_name(f".{dest.name}.theta-tmp")
-            try:
-                with open(tmp, "wb") as fh:
-                    write_checkpoint(manifest, fh, path, repo.store, fetch=repo.downloader.fetch)
-                if dest.exists():
-                    tmp.chmod(dest.stat().st_mode & 0o777)
-                os.replace(tmp, dest)
-            finally:
-                tmp.unlink(missing_ok=True)
+            # A temporary of an unguessable name beside it, in a directory reached
+            # without following symlinks, renamed over it only if it is a regular file.
+            with AtomicWriter(dest, within=str(top)) as fh:
+                write_checkpoint(manifest, fh, path, repo.store, fetch=repo.downloader.fetch)
             sys.stderr.write(f"git-theta: checked out {path}\n")
     finally:
         repo.close()

@@ -13,6 +13,7 @@ import numpy as np
 
 from git_theta.commands.diff import file_side
 from git_theta.diffing import from_file
+from git_theta.files import open_regular
 from git_theta.manifest import is_manifest
 from git_theta.repo import Repo
 from git_theta.values import as_float64
@@ -28,7 +29,7 @@ def _l2(data: bytes | bytearray, dtype: str) -> str:
 
 def textconv(path: str) -> int:
     norms: dict[str, str] = {}
-    with open(path, "rb") as fh:
+    with open_regular(path) as fh:  # git's temporary or a work-tree file: never a FIFO
         placeholder = is_manifest(fh.read(64))
     if placeholder:  # a manifest left by a skipped smudge: values come from objects
         sides = file_side(path, Repo().store)

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
 from git_theta import git
+from git_theta.files import atomic_write, read_capped
 from git_theta.hooks import HooksElsewhereError, install_hooks
 
 OURS = ("filter=theta", "diff=theta", "merge=theta", "-text")
 _PREFIXES = ("filter=", "diff=", "merge=")
+ATTRIBUTES_CAP = 16 << 20  # bytes (git ignores attribute files over 100 MB)
 _REPLACED = ("text", "-text", "!text", "filter", "-filter", "diff", "-diff", "merge", "-merge")
 
 
@@ -48,16 +49,18 @@ def track(patterns: list[str]) -> int:
     top = git.toplevel()
     prefix = git.show_prefix()
     attributes = top / ".gitattributes"
-    text = attributes.read_text() if attributes.exists() else ""
+    try:  # committed, so untrusted: a regular file only, of a sane size
+        data = read_capped(attributes, ATTRIBUTES_CAP)
+    except FileNotFoundError:
+        data = b""
+    text = data.decode(errors="surrogateescape")  # other lines' bytes go back unchanged
     new = text
     for raw in patterns:
         pattern = _escape(prefix + raw.removeprefix("./"))
         new = update_attributes(new, pattern)
         sys.stderr.write(f"git-theta: tracking {pattern}\n")
     if new != text:
-        tmp = attributes.with_name(".gitattributes.theta-tmp")
-        tmp.write_text(new)
-        os.replace(tmp, attributes)
+        atomic_write(attributes, new.encode(errors="surrogateescape"), within=str(top))
     try:
         install_hooks()
     except HooksElsewhereError as exc:

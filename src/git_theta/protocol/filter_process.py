@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import IO, Protocol
 
+from git_theta.errors import ThetaError
 from git_theta.protocol.pktline import (
     PacketReader,
     PacketWriter,
@@ -32,6 +33,18 @@ class Sink(Protocol):
 
 
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+# How a pipe to a peer that went away shows itself: a short read, or a failed write.
+_GONE = (EOFError, BrokenPipeError, ConnectionResetError)
+
+
+class GitGoneError(ThetaError, EOFError):
+    """git closed the filter's pipes in the middle of the protocol (killed, or exited)."""
+
+
+def _gone(path: str) -> GitGoneError:
+    during = f" while filtering {path}" if path else ""
+    return GitGoneError(f"git closed the filter's pipes{during} (was it killed?); stopped")
+
 
 # handler(source, sink, pathname); raises to report status=error for this path only.
 Handler = Callable[[Source, Sink, str], None]
@@ -82,13 +95,16 @@ def serve(
     inp = stdin if stdin is not None else sys.stdin.buffer
     out = stdout if stdout is not None else sys.stdout.buffer
     _widen_pipes(inp, out)
-    if read_text_list(inp) != ["git-filter-client", "version=2"]:
-        raise ProtocolError("unexpected filter handshake from git")
-    write_text(out, "git-filter-server", "version=2")
-    out.flush()  # git waits for this before it sends its capabilities
-    offered = {line.removeprefix("capability=") for line in read_text_list(inp)}
-    write_text(out, *(f"capability={c}" for c in ("clean", "smudge") if c in offered))
-    out.flush()
+    try:
+        if read_text_list(inp) != ["git-filter-client", "version=2"]:
+            raise ProtocolError("unexpected filter handshake from git")
+        write_text(out, "git-filter-server", "version=2")
+        out.flush()  # git waits for this before it sends its capabilities
+        offered = {line.removeprefix("capability=") for line in read_text_list(inp)}
+        write_text(out, *(f"capability={c}" for c in ("clean", "smudge") if c in offered))
+        out.flush()
+    except _GONE:
+        raise _gone("") from None
     while True:
         try:
             header = read_text_list(inp)
@@ -101,14 +117,22 @@ def serve(
         response = _Response(out)
         handler = handlers.get(command)
         try:
-            if handler is None:
-                raise ProtocolError(f"unsupported filter command {command!r}")
-            handler(source, response, path)
-        except Exception as exc:  # one bad file must not stop the other files
-            source.drain()
-            on_error(exc, path)
-            response.fail()
-        else:
-            source.drain()
-            response.finish()
-        out.flush()
+            try:
+                if handler is None:
+                    raise ProtocolError(f"unsupported filter command {command!r}")
+                handler(source, response, path)
+            except Exception as exc:  # one bad file must not stop the other files
+                source.drain()  # EOFError here: git went away, not the file's fault
+                if isinstance(exc, _GONE):  # maybe git's pipe, maybe a helper's: ask git
+                    response.fail()
+                    out.flush()
+                    on_error(exc, path)
+                    continue
+                on_error(exc, path)
+                response.fail()
+            else:
+                source.drain()
+                response.finish()
+            out.flush()
+        except _GONE:  # nobody is left to answer: one line, not one per file
+            raise _gone(path) from None
