@@ -13,6 +13,7 @@ import errno
 import os
 import sys
 
+from git_theta.display import escape
 from git_theta.errors import ThetaError
 
 INTERNAL = 70
@@ -106,8 +107,10 @@ def _log_traceback(exc: BaseException) -> str:
 
 
 def _say(line: str) -> None:
+    # Messages quote names and paths from repositories, which may hold escape sequences:
+    # every line goes out with its non-printable characters escaped.
     try:
-        sys.stderr.write(line + "\n")
+        sys.stderr.write(escape(line) + "\n")
         sys.stderr.flush()
     except (OSError, ValueError):  # stderr is gone too: the exit code still tells
         pass
