@@ -98,7 +98,7 @@ def test_incompressible_data_costs_only_headers() -> None:
     [
         (lambda b: b[:10], "truncated"),
         (lambda b: b"XXXX" + b[4:], "not a git-theta content object"),
-        (lambda b: b[:4] + b"\x09" + b[5:], "newer than this git-theta"),
+        (lambda b: b[:4] + b"\x09" + b[5:], "written by a newer git-theta: upgrade"),
         (lambda b: b + b"\0", "trailing bytes"),
         (lambda b: b[:-5], "truncated"),
         # A length that is not whole words (4-byte floats here) would misalign the planes.

@@ -276,27 +276,53 @@ def _decode_chunk(view: memoryview, pos: int, out: memoryview, layout: Layout) -
         _join_into(out, rows, layout)
 
 
-def _parse_head(head: bytes | memoryview) -> tuple[Layout, int, int]:
-    """Return (layout, raw length, words per chunk) from an object's fixed header."""
+class LengthError(ObjectCorruptError):
+    """An object declares more bytes than its reader expects: found from the header, before
+    anything is allocated (a hostile object of 33 KB can declare gigabytes of zeros)."""
+
+
+def _parse_head(head: bytes | memoryview, limit: int | None) -> tuple[Layout, int, int]:
+    """Return (layout, raw length, words per chunk) from an object's fixed header.
+
+    Raises LengthError when the raw length is over ``limit``.
+    """
     if len(head) < _HEAD.size:
         raise ObjectCorruptError("content object is truncated")
     magic, version, word, flags, _, length, chunk_words = _HEAD.unpack_from(head)
     if magic != MAGIC:
         raise ObjectCorruptError("not a git-theta content object")
     if version != VERSION:
-        raise ObjectCorruptError(f"content object version {version} is newer than this git-theta")
+        raise ObjectCorruptError(
+            f"content object version {version} was written by a newer git-theta: upgrade"
+        )
     if word not in _UINT or chunk_words <= 0 or length % word:
         raise ObjectCorruptError("content object header is corrupt")
+    if limit is not None and length > limit:
+        raise LengthError(
+            f"content object declares {length:,} bytes, more than the {limit:,} expected"
+        )
     return Layout(word, bool(flags & 1)), length, chunk_words
 
 
-def decode_stream(read: Callable[[int], bytes], pool: Pool | None = None) -> Iterator[bytearray]:
+def _plane_length(head: bytes | memoryview, pos: int, plane_size: int) -> int:
+    """The payload length in a plane header; never more than the plane's raw size (the
+    writer stores a plane raw whenever compressing does not make it smaller)."""
+    _, n = _PLANE.unpack_from(head, pos)
+    if n > plane_size:
+        raise ObjectCorruptError("content object is corrupt: a plane is longer than its data")
+    return int(n)
+
+
+def decode_stream(
+    read: Callable[[int], bytes], pool: Pool | None = None, limit: int | None = None
+) -> Iterator[bytearray]:
     """Decode an object read sequentially through ``read(n)``; yield the bytes chunk by
     chunk, so memory stays bounded by a few chunks whatever the tensor's size.
 
-    Raises ObjectCorruptError when the object is malformed or truncated.
+    Raises ObjectCorruptError when the object is malformed or truncated, LengthError
+    (before reading on) when it declares more than ``limit`` bytes.
     """
-    layout, length, chunk_words = _parse_head(read(_HEAD.size))
+    layout, length, chunk_words = _parse_head(read(_HEAD.size), limit)
     chunk_bytes = chunk_words * layout.word
 
     def chunks() -> Iterator[tuple[bytes, int]]:
@@ -307,7 +333,7 @@ def decode_stream(read: Callable[[int], bytes], pool: Pool | None = None) -> Ite
                 head = read(_PLANE.size)
                 if len(head) != _PLANE.size:
                     raise ObjectCorruptError("content object is truncated")
-                _, n = _PLANE.unpack(head)
+                n = _plane_length(head, 0, size // layout.word)
                 body = read(n)
                 if len(body) != n:
                     raise ObjectCorruptError("content object is truncated")
@@ -329,29 +355,48 @@ def decode_stream(read: Callable[[int], bytes], pool: Pool | None = None) -> Ite
 
 
 def _chunk_starts(view: memoryview, layout: Layout, length: int, chunk_words: int) -> list[int]:
-    """Where each chunk's planes start (lengths only); checks the object ends there."""
+    """Where each chunk's planes start (lengths only); checks the object ends there.
+
+    Every chunk takes at least a plane header per word, so a length the object's own
+    size cannot hold fails here, before its chunks are counted out or decoded.
+    """
+    chunk_bytes = chunk_words * layout.word
+    chunks = -(-length // chunk_bytes)
+    if _HEAD.size + chunks * layout.word * _PLANE.size > len(view):
+        raise ObjectCorruptError("content object is truncated")
     starts = []
     pos = _HEAD.size
-    for _ in range(0, length, chunk_words * layout.word):
+    for start in range(0, length, chunk_bytes):
         starts.append(pos)
+        plane_size = min(chunk_bytes, length - start) // layout.word
         for _ in range(layout.word):
-            _, n = _PLANE.unpack_from(view, pos)
-            pos += _PLANE.size + n
+            pos += _PLANE.size + _plane_length(view, pos, plane_size)
     if pos != len(view):
         raise ObjectCorruptError("content object is truncated or has trailing bytes")
     return starts
 
 
-def decode(obj: bytes | memoryview | mmap.mmap, pool: Pool | None = None) -> bytearray:
+def decode(
+    obj: bytes | memoryview | mmap.mmap, pool: Pool | None = None, limit: int | None = None
+) -> bytearray:
     """Return the bytes stored in content object ``obj``.
 
-    Raises ObjectCorruptError when the object is malformed or of an unknown version.
+    Raises ObjectCorruptError when the object is malformed or of an unknown version, and
+    LengthError, before allocating, when it declares more than ``limit`` bytes.
     """
     view = memoryview(obj).cast("B")
-    layout, length, chunk_words = _parse_head(view)
+    layout, length, chunk_words = _parse_head(view, limit)
+    starts = _checked_starts(view, layout, length, chunk_words)
     out = new_buffer(length)  # every chunk below is written in full, or decode raises
-    _decode_chunks(view, layout, length, chunk_words, memoryview(out), _ignore, pool)
+    _decode_chunks(view, layout, length, chunk_words, starts, memoryview(out), _ignore, pool)
     return out
+
+
+def _checked_starts(view: memoryview, layout: Layout, length: int, chunk_words: int) -> list[int]:
+    try:
+        return _chunk_starts(view, layout, length, chunk_words)
+    except struct.error as exc:
+        raise ObjectCorruptError(f"content object is corrupt: {exc}") from exc
 
 
 def _ignore(start: int, chunk: memoryview) -> None:
@@ -362,15 +407,18 @@ def decode_each(
     obj: bytes | memoryview | mmap.mmap,
     each: Callable[[int, memoryview], None],
     pool: Pool | None = None,
+    limit: int | None = None,
 ) -> int:
     """Decode ``obj`` chunk by chunk, calling ``each(offset, chunk)`` (from pool threads
     when ``pool`` is given) instead of assembling the whole value; return its length.
     ``each`` must not keep the chunk: its buffer is reused for the next one.
-    Memory is a few chunks, whatever the size. Raises ObjectCorruptError like ``decode``.
+    Memory is a few chunks, whatever the size. Raises ObjectCorruptError (LengthError
+    over ``limit``) like ``decode``.
     """
     view = memoryview(obj).cast("B")
-    layout, length, chunk_words = _parse_head(view)
-    _decode_chunks(view, layout, length, chunk_words, None, each, pool)
+    layout, length, chunk_words = _parse_head(view, limit)
+    starts = _checked_starts(view, layout, length, chunk_words)
+    _decode_chunks(view, layout, length, chunk_words, starts, None, each, pool)
     return length
 
 
@@ -379,6 +427,7 @@ def _decode_chunks(
     layout: Layout,
     length: int,
     chunk_words: int,
+    starts: list[int],
     out: memoryview | None,
     each: Callable[[int, memoryview], None],
     pool: Pool | None,
@@ -400,7 +449,6 @@ def _decode_chunks(
         recycle(scratch)  # each() keeps nothing of the chunk
 
     try:
-        starts = _chunk_starts(view, layout, length, chunk_words)
         jobs = list(zip(starts, range(0, length, chunk_bytes), strict=True))
         if pool is not None and len(jobs) > 1:
             for _ in pool.map(one, jobs):

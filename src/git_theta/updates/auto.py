@@ -65,5 +65,7 @@ class Auto(UpdateType):
         dense = Dense()
         return self.pick(new, prev, dtype, lambda: dense.encode(new, None, dtype))[1]
 
-    def apply(self, prev: bytearray | None, payload: Payload, dtype: str) -> bytearray:
+    def apply(
+        self, prev: bytearray | None, payload: Payload, dtype: str, limit: int | None = None
+    ) -> bytearray:
         raise NotImplementedError("auto is never recorded in a manifest")

@@ -56,13 +56,21 @@ class UpdateType(ABC):
         """
         raise UsageError(f"update type {self.key!r} takes no --update-path")
 
-    def summary(self, payload: Payload) -> str:
-        """One line on what a stored update says about the change (for diffs), if any."""
+    def summary(self, payload: Payload, limit: int | None = None) -> str:
+        """One line on what a stored update says about the change (for diffs), if any
+        (nothing for a payload it cannot read; ``limit`` as for ``apply``)."""
         return ""
 
     @abstractmethod
-    def apply(self, prev: bytearray | None, payload: Payload, dtype: str) -> bytearray:
+    def apply(
+        self, prev: bytearray | None, payload: Payload, dtype: str, limit: int | None = None
+    ) -> bytearray:
         """Return the new value from the previous value and the payload. ``prev`` belongs
         to the caller's chain and is not used again: an update may change it in place.
         ``payload`` is bytes or a read-only mmap of the object: slicing either gives
-        bytes, and ``memoryview(payload)`` reads it without a copy."""
+        bytes, and ``memoryview(payload)`` reads it without a copy.
+
+        Payloads come from repositories that may be hostile: ``limit`` is the most bytes
+        the value may have (the manifest's shape x dtype), and nothing the payload
+        declares may make this allocate more than it or than the payload's own size
+        accounts for. Raises ObjectCorruptError (before allocating) when it would."""

@@ -65,10 +65,14 @@ class Delta(UpdateType):
             z = _zigzag(new, prev, size).tobytes()
         return codec.encode(z, codec.Layout(size), pool=chunk_pool())
 
-    def apply(self, prev: bytearray | None, payload: Payload, dtype: str) -> bytearray:
+    def apply(
+        self, prev: bytearray | None, payload: Payload, dtype: str, limit: int | None = None
+    ) -> bytearray:
+        if prev is None:
+            raise ObjectCorruptError("a delta needs a previous value")
         size = _size(dtype)
         native = codec._native
-        if native is not None and prev is not None:
+        if native is not None:
             # In place (the caller owns prev), chunk by chunk: the decoded difference is
             # never held whole.
             value = memoryview(prev)
@@ -81,11 +85,13 @@ class Delta(UpdateType):
                 except ValueError as exc:  # not whole words
                     raise ObjectCorruptError(f"delta is malformed: {exc}") from None
 
-            if codec.decode_each(payload, add, pool=chunk_pool()) != len(prev):
+            # The difference has the previous value's length: an object declaring more
+            # fails before anything is decoded.
+            if codec.decode_each(payload, add, pool=chunk_pool(), limit=len(prev)) != len(prev):
                 raise ObjectCorruptError("delta does not match the size of the previous value")
             return prev
-        raw = codec.decode(payload, pool=chunk_pool())
-        if prev is None or len(prev) != len(raw):
+        raw = codec.decode(payload, pool=chunk_pool(), limit=len(prev))
+        if len(prev) != len(raw):
             raise ObjectCorruptError("delta does not match the size of the previous value")
         import numpy as np
 

@@ -22,5 +22,7 @@ class Dense(UpdateType):
         """The dense object part by part, never all in memory (for fresh values)."""
         return codec.encode_stream(new, layout_for(dtype), pool=chunk_pool())
 
-    def apply(self, prev: bytearray | None, payload: Payload, dtype: str) -> bytearray:
-        return codec.decode(payload, pool=chunk_pool())
+    def apply(
+        self, prev: bytearray | None, payload: Payload, dtype: str, limit: int | None = None
+    ) -> bytearray:
+        return codec.decode(payload, pool=chunk_pool(), limit=limit)

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 from git_theta import codec
-from git_theta.dtypes import FLOAT_KINDS
+from git_theta.dtypes import FLOAT_KINDS, lookup
 from git_theta.errors import ObjectCorruptError, UsageError
 from git_theta.updates.base import Buffer, Payload, UpdateType
 from git_theta.updates.delta import _UNSIGNED, _size, _unzigzag, _zigzag
@@ -212,27 +212,23 @@ class Factored(UpdateType):
         text = json.dumps(header, sort_keys=True).encode()
         return self.key, [MAGIC, _LEN.pack(len(text)), text, *blobs, *correction]
 
-    def summary(self, payload: Payload) -> str:
-        return _summary(self.kind, payload) if payload[:4] == MAGIC else ""
-
-    def apply(self, prev: bytearray | None, payload: Payload, dtype: str) -> bytearray:
-        if prev is None or payload[:4] != MAGIC:
-            raise ObjectCorruptError(f"not a {self.kind} update object")
-        (length,) = _LEN.unpack_from(payload, 4)
-        pos = 8 + length
+    def summary(self, payload: Payload, limit: int | None = None) -> str:
         try:
-            header = json.loads(payload[8:pos])
-            factors = []
-            for f in header["factors"]:
-                raw = codec.decode(memoryview(payload)[pos : pos + f["size"]])
-                factors.append(Factor(f["dtype"], tuple(f["shape"]), bytes(raw)))
-                pos += f["size"]
-            inputs = Inputs(header["kind"], tuple(factors), float(header["scale"]))
-            shape = tuple(header["shape"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ObjectCorruptError(f"{self.kind} update object is corrupt: {exc}") from None
+            inputs, _, _ = _read_payload(payload, self.kind, limit)
+        except ObjectCorruptError:
+            return ""
+        return _summary(inputs)
+
+    def apply(
+        self, prev: bytearray | None, payload: Payload, dtype: str, limit: int | None = None
+    ) -> bytearray:
+        if prev is None:
+            raise ObjectCorruptError(f"a {self.kind} update needs a previous value")
+        inputs, shape, pos = _read_payload(payload, self.kind, len(prev))
+        if dtype not in FLOATS or math.prod(shape) * _size(dtype) != len(prev):
+            raise ObjectCorruptError(f"{self.kind} update does not fit the previous value")
         guess = reproduce(prev, dtype, shape, inputs)
-        correction = codec.decode(memoryview(payload)[pos:])
+        correction = codec.decode(memoryview(payload)[pos:], limit=len(prev))
         if guess is None or len(guess) != len(correction):
             raise ObjectCorruptError(f"{self.kind} update does not fit the previous value")
         size = _size(dtype)
@@ -245,25 +241,98 @@ class Factored(UpdateType):
         return _unzigzag(np.frombuffer(correction, dtype=_UNSIGNED[size]), guess, size)
 
 
-def _summary(kind: str, payload: Payload) -> str:
+_MAX_HEADER = 1 << 16  # the JSON header of a payload is a few hundred bytes
+# A rank beyond the smaller side of the tensor adds nothing; a little slack beyond it
+# keeps factors for a small head (2 x 768 with r = 8) while bounding what a hostile
+# payload can make a checkout compute (rows x cols x rank) and hold.
+_RANK_SLACK = 256
+
+
+def _read_payload(
+    payload: Payload, kind: str, limit: int | None
+) -> tuple[Inputs, tuple[int, ...], int]:
+    """Return (factors, the tensor's shape, where the correction starts) of a payload for
+    a value of at most ``limit`` bytes; every length is checked before it is decoded.
+
+    Raises ObjectCorruptError when the payload is malformed or does not fit.
+    """
+
+    def corrupt(why: str) -> ObjectCorruptError:
+        return ObjectCorruptError(f"{kind} update object is corrupt: {why}")
+
+    if len(payload) < 8 or payload[:4] != MAGIC:
+        raise ObjectCorruptError(f"not a {kind} update object")
+    (length,) = _LEN.unpack_from(payload, 4)
+    if length > min(_MAX_HEADER, len(payload) - 8):
+        raise corrupt("its header length is wrong")
+    try:
+        header = json.loads(bytes(payload[8 : 8 + length]))
+    except (ValueError, RecursionError):
+        raise corrupt("its header is not JSON") from None
+    if not isinstance(header, dict) or header.get("kind") != kind:
+        raise corrupt(f"it is not a {kind} header")
+    shape = _dims(header.get("shape"))
+    scale, found = header.get("scale"), header.get("factors")
+    if len(shape) != 2 or not isinstance(scale, int | float) or not isinstance(found, list):
+        raise corrupt("its header is malformed")
+    rows, cols = shape
+    if limit is not None and rows * cols > limit:  # every float dtype takes 2+ bytes
+        raise corrupt(f"shape {list(shape)} is larger than the value")
+    pos = 8 + length
+    factors = []
+    for f in found:
+        if not isinstance(f, dict):
+            raise corrupt("a factor is malformed")
+        known, f_shape, size = lookup(f.get("dtype", "")), _dims(f.get("shape")), f.get("size")
+        if known is None or known.bits % 8 or known.name in ("C64", "C128"):
+            raise corrupt("a factor has a dtype factors cannot have")
+        if type(size) is not int or size < 0:
+            raise corrupt("a factor is malformed")
+        factors.append((known, f_shape, size))
+    if kind == "low-rank":
+        rank = factors[0][1][-1] if len(factors) == 2 and len(factors[0][1]) == 2 else -1
+        fits = [f[1] for f in factors] == [(rows, rank), (rank, cols)]
+        fits = fits and rank <= max(min(rows, cols), _RANK_SLACK)
+    else:
+        fits = len(factors) == 1 and math.prod(factors[0][1]) in (rows, cols)
+    if not fits:
+        raise corrupt("its factors do not fit the tensor")
+    out = []
+    for known, f_shape, size in factors:
+        if pos + size > len(payload):
+            raise corrupt("it is truncated")
+        nbytes = known.nbytes(f_shape)
+        raw = codec.decode(memoryview(payload)[pos : pos + size], limit=nbytes)
+        if len(raw) != nbytes:
+            raise corrupt("a factor has the wrong length")
+        out.append(Factor(known.name, f_shape, bytes(raw)))
+        pos += size
+    return Inputs(kind, tuple(out), float(scale)), shape, pos
+
+
+def _dims(value: object) -> tuple[int, ...]:
+    """A shape from a payload header: a list of at most 8 non-negative integers."""
+    if not isinstance(value, list) or len(value) > 8:
+        raise ObjectCorruptError("update object has a malformed shape")
+    if not all(type(d) is int and 0 <= d < 1 << 40 for d in value):
+        raise ObjectCorruptError("update object has a malformed shape")
+    return tuple(value)
+
+
+def _summary(inputs: Inputs) -> str:
     import numpy as np
 
-    (length,) = _LEN.unpack_from(payload, 4)
-    header = json.loads(payload[8 : 8 + length])
-    pos = 8 + length
     norms = []
-    for f in header["factors"]:
-        raw = codec.decode(memoryview(payload)[pos : pos + f["size"]])
-        values = Factor(f["dtype"], tuple(f["shape"]), bytes(raw)).values()
+    for f in inputs.factors:
+        values = f.values()
         norms.append(float(np.sqrt(np.sum(values * values))))
-        pos += f["size"]
-    if kind == "low-rank":
-        rank = header["factors"][0]["shape"][-1]
+    if inputs.kind == "low-rank":
+        rank = inputs.factors[0].shape[-1]
         return (
-            f"low-rank update: rank {rank}, scale {header['scale']:.4g}, "
+            f"low-rank update: rank {rank}, scale {inputs.scale:.4g}, "
             f"|R| {norms[0]:.4g}, |C| {norms[1]:.4g}"
         )
-    return f"ia3 update: {header['factors'][0]['shape']} scales, |v| {norms[0]:.4g}"
+    return f"ia3 update: {list(inputs.factors[0].shape)} scales, |v| {norms[0]:.4g}"
 
 
 def _max_error(new: Buffer, guess: bytes, dtype: str) -> float:

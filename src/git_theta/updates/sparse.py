@@ -52,15 +52,21 @@ class Sparse(UpdateType):
         count = len(gaps) // 8
         return [_HEAD.pack(MAGIC, size, count, len(positions)), positions, *values]
 
-    def apply(self, prev: bytearray | None, payload: Payload, dtype: str) -> bytearray:
+    def apply(
+        self, prev: bytearray | None, payload: Payload, dtype: str, limit: int | None = None
+    ) -> bytearray:
         if prev is None:
             raise ObjectCorruptError("a sparse update needs a previous value")
-        magic, size, count, plen = _HEAD.unpack_from(payload)
-        if magic != MAGIC:
-            raise ObjectCorruptError("not a sparse update object")
+        size, count, plen = _read_head(payload)
+        if size != itemsize(dtype) or count > len(prev) // size:
+            raise ObjectCorruptError(
+                f"sparse update of {count:,} {size}-byte elements does not fit a "
+                f"{len(prev):,}-byte {dtype} value"
+            )
         view = memoryview(payload)[_HEAD.size :]
-        gaps = codec.decode(view[:plen])
-        values = codec.decode(view[plen:])
+        # Each part may decode to exactly what the count says, and no more.
+        gaps = codec.decode(view[:plen], limit=8 * count)
+        values = codec.decode(view[plen:], limit=count * size)
         if len(gaps) != 8 * count or len(values) != count * size:
             raise ObjectCorruptError("sparse update object is inconsistent")
         if codec._native is not None:  # in place: the caller owns prev
@@ -79,6 +85,24 @@ class Sparse(UpdateType):
         target[where] = _elements(values, size)
         return out
 
-    def summary(self, payload: Payload) -> str:
-        _, _, count, _ = _HEAD.unpack_from(payload)
+    def summary(self, payload: Payload, limit: int | None = None) -> str:
+        try:
+            _, count, _ = _read_head(payload)
+        except ObjectCorruptError:
+            return ""
         return f"sparse update of {count:,} elements"
+
+
+def _read_head(payload: Payload) -> tuple[int, int, int]:
+    """Return (itemsize, count, positions length) from a sparse payload's header.
+
+    Raises ObjectCorruptError when it is not one, or its lengths exceed the payload.
+    """
+    if len(payload) < _HEAD.size:
+        raise ObjectCorruptError("sparse update object is truncated")
+    magic, size, count, plen = _HEAD.unpack_from(payload)
+    if magic != MAGIC:
+        raise ObjectCorruptError("not a sparse update object")
+    if size == 0 or plen > len(payload) - _HEAD.size:
+        raise ObjectCorruptError("sparse update object header is corrupt")
+    return int(size), int(count), int(plen)
