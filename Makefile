@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: setup demo test lint bench bench-quick bench-large clean
+.PHONY: setup demo test lint bench bench-quick bench-large faults clean
 
 setup: $(VENV)/.installed
 
@@ -50,6 +50,12 @@ bench-quick: $(VENV)/.bench
 
 bench-large: $(VENV)/.bench
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/run.py --large --out docs/benchmarks-large.md
+
+# Seeded fault injection (kill -9, full disk, read-only store, ...): tests/faults/run.py.
+FAULTS ?= 200
+SEED ?= 1
+faults: setup
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) tests/faults/run.py --faults $(FAULTS) --seed $(SEED)
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info
