@@ -71,13 +71,13 @@ def test_bad_checkpoints_are_refused(data: bytes, message: str, tmp_path: Path) 
 
 
 @pytest.mark.parametrize("native", [True, False])
-@pytest.mark.parametrize("claim", [1 << 34, 1 << 50, (1 << 63) + 8])
+@pytest.mark.parametrize("claim", [1 << 34, 1 << 40])  # more elements: test_hostile_formats
 def test_a_huge_claimed_tensor_fails_as_truncated_without_using_memory(
     claim: int, native: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The buffer for a tensor is reserved, not touched, until its bytes arrive: a header
-    claiming 16 GiB, 1 PiB (too much to reserve) or more than a size can hold costs
-    nothing, with the C kernel or without it."""
+    claiming 16 GiB or 1 TiB (too much to reserve) costs nothing, with the C kernel or
+    without it."""
     import resource
 
     from git_theta import codec

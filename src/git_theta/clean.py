@@ -13,7 +13,7 @@ from typing import IO, TYPE_CHECKING
 from git_theta import chains, codec
 from git_theta.content import content_hash
 from git_theta.errors import CheckpointError, ThetaError
-from git_theta.formats import detect
+from git_theta.formats import detect, file_spans, header_spans
 from git_theta.formats.base import SNIFF_MAX, TensorSpan
 from git_theta.manifest import Glue, Link, Manifest, TensorEntry, is_manifest
 from git_theta.parallel import ordered_map
@@ -95,23 +95,6 @@ class _Job:
         self.data = data
 
 
-def _check_spans(spans: list[TensorSpan], header_end: int) -> list[TensorSpan]:
-    ordered = sorted(spans, key=lambda s: (s.start, s.end))
-    pos = header_end
-    seen: set[str] = set()
-    for span in ordered:
-        if span.name in seen:
-            raise CheckpointError(f"tensor {span.name!r} appears twice")
-        seen.add(span.name)
-        if span.start < pos:
-            raise CheckpointError(
-                f"header lies about offsets: tensor {span.name!r} overlaps "
-                "the header or another tensor"
-            )
-        pos = span.end
-    return ordered
-
-
 def clean(
     source: Source,
     sink: Sink,
@@ -144,7 +127,7 @@ def clean(
         with tempfile.TemporaryFile(dir=store.tmp_dir()) as spool:
             spool.write(head)
             size = len(head) + _copy(source, spool)
-            spans = _check_spans(fmt.read_spans(spool, size), 0)
+            spans = file_spans(fmt, spool, size)  # checked: shapes, lengths, order
             spool.seek(0)
             reader = _Reader(b"", spool)
             _clean_spans(reader, bytearray(), spans, fmt.key, sink, path, store, previous,
@@ -158,7 +141,7 @@ def clean(
         glue.extend(data)
         return bytes(data)
 
-    spans = _check_spans(fmt.read_header(read_header), reader.offset)
+    spans = header_spans(fmt, read_header)  # checked: shapes, lengths, order
     _clean_spans(reader, glue, spans, fmt.key, sink, path, store, previous, show_progress,
                  update_for)  # fmt: skip
 

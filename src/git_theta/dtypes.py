@@ -55,6 +55,36 @@ def lookup(name: str) -> DType | None:
     return DTYPES.get(name)
 
 
+# Block-quantized types (GGUF's ggml types, kept as raw blocks): name -> (elements per
+# block, bytes per block), from the GGUF spec. A tensor holds whole blocks along its
+# innermost dimension. They are opaque bytes to the codec, so they are not in DTYPES.
+BLOCKS: dict[str, tuple[int, int]] = {
+    "GGML_Q4_0": (32, 18), "GGML_Q4_1": (32, 20), "GGML_Q5_0": (32, 22),
+    "GGML_Q5_1": (32, 24), "GGML_Q8_0": (32, 34), "GGML_Q8_1": (32, 36),
+    "GGML_Q2_K": (256, 84), "GGML_Q3_K": (256, 110), "GGML_Q4_K": (256, 144),
+    "GGML_Q5_K": (256, 176), "GGML_Q6_K": (256, 210), "GGML_Q8_K": (256, 292),
+    "GGML_IQ2_XXS": (256, 66), "GGML_IQ2_XS": (256, 74), "GGML_IQ3_XXS": (256, 98),
+    "GGML_IQ1_S": (256, 50), "GGML_IQ4_NL": (32, 18), "GGML_IQ3_S": (256, 110),
+    "GGML_IQ2_S": (256, 82), "GGML_IQ4_XS": (256, 136), "GGML_IQ1_M": (256, 56),
+    "GGML_TQ1_0": (256, 54), "GGML_TQ2_0": (256, 66),
+}  # fmt: skip
+
+
+def expected_nbytes(name: str, shape: tuple[int, ...]) -> int | None:
+    """Return the bytes a tensor of type ``name`` and ``shape`` takes: None for a type
+    whose element size we do not know, -1 when ``shape`` is not whole blocks of a
+    block-quantized type."""
+    known = DTYPES.get(name)
+    if known is not None:
+        return known.nbytes(shape)
+    if name in BLOCKS:
+        elements, nbytes = BLOCKS[name]
+        if not shape or shape[-1] % elements:
+            return -1
+        return math.prod(shape) // elements * nbytes
+    return None
+
+
 # NumPy / ml_dtypes names (``dtype.name``) of the types above, for formats that record them.
 _NUMPY_NAMES = {
     "bool": "BOOL", "uint8": "U8", "int8": "I8", "float8_e5m2": "F8_E5M2",

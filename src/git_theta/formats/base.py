@@ -6,10 +6,40 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import BinaryIO, ClassVar, NamedTuple
 
+from git_theta.errors import CheckpointError
+
 SNIFF_MAX = 4096  # the most bytes ``sniff`` is ever given (``head_size`` must not exceed it)
+
+# Caps on what a file may claim, shared by every parser. A checkpoint is untrusted input
+# (a cloned repository runs the filter on checkout): each cap sits far above what real
+# models need and far below what would exhaust memory or time. docs/reliability.md says
+# where each value comes from.
+MAX_TENSORS = 1 << 16  # tensors in one file: 65,536, several times the most real files hold
+MAX_ELEMENTS = 1 << 40  # elements in one tensor (4 TB of F32)
+MAX_RANK = 64  # dimensions of one tensor (NumPy's own limit)
+MAX_DEPTH = 100  # nesting of any structure a parser walks (state dicts nest a handful)
+MAX_HEADER_BYTES = 64 << 20  # bytes a streaming header may take (all of it is kept as glue)
 
 # read(n) returns exactly n bytes of the file or raises CheckpointError (truncated).
 ReadExact = Callable[[int], bytes]
+
+
+class LimitExceeded(CheckpointError):
+    """A file claims more than one of the parsing caps above allows.
+
+    ``claim`` is what the file claims (None when parsing stopped at the limit, before the
+    whole claim was seen); the message names both and says the file is not trusted.
+    """
+
+    def __init__(self, what: str, claim: int | None, limit: int, unit: str = "") -> None:
+        self.what = what
+        self.claim = claim
+        self.limit = limit
+        unit = f" {unit}" if unit else ""
+        said = f"is {claim}{unit}, over" if claim is not None else "is over"
+        super().__init__(
+            f"{what} {said} git-theta's limit of {limit}{unit}: the file is corrupt or crafted"
+        )
 
 
 class TensorSpan(NamedTuple):
