@@ -9,13 +9,20 @@ alignment padding, the central directory — is kept verbatim, so checkout is by
 
 from __future__ import annotations
 
+import math
 import struct
 from typing import Any, BinaryIO
 
 from git_theta.dtypes import lookup
 from git_theta.errors import CheckpointError
-from git_theta.formats.base import CheckpointFormat, ReadExact, TensorSpan
-from git_theta.formats.safe_pickle import StorageRef, TensorRef, load
+from git_theta.formats.base import (
+    MAX_DEPTH,
+    CheckpointFormat,
+    LimitExceeded,
+    ReadExact,
+    TensorSpan,
+)
+from git_theta.formats.safe_pickle import MAX_BYTES, StorageRef, TensorRef, load
 from git_theta.formats.zip_index import zip_data_start, zip_entries
 
 _DTYPES = {
@@ -36,15 +43,36 @@ _FROM_TORCH = {
 LEGACY_MAGIC = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19"  # pickled magic number
 
 
-def _walk(value: Any, prefix: str, out: dict[str, TensorRef]) -> None:
-    if isinstance(value, TensorRef):
-        out[prefix or "tensor"] = value
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _walk(item, f"{prefix}.{key}" if prefix else str(key), out)
-    elif isinstance(value, list | tuple):
-        for i, item in enumerate(value):
-            _walk(item, f"{prefix}.{i}" if prefix else str(i), out)
+def _tensors(root: Any) -> dict[str, TensorRef]:
+    """Name every tensor in the unpickled ``root`` by its key path ("model.layer.0").
+
+    The pickle's memo lets containers be shared (a 1.3 KB pickle can nest a list in
+    itself 40 times over: 2^40 paths) or even contain themselves, so each container is
+    walked once, under the first path that reaches it; a tensor reached by several
+    entries (tied weights) gets each name. Raises LimitExceeded past MAX_DEPTH levels.
+    """
+    out: dict[str, TensorRef] = {}
+    seen: set[int] = set()
+    todo: list[tuple[Any, str, int]] = [(root, "", 0)]
+    while todo:
+        value, prefix, depth = todo.pop()
+        if isinstance(value, TensorRef):
+            out.setdefault(prefix or "tensor", value)
+            continue
+        if isinstance(value, dict):
+            items: Any = value.items()
+        elif isinstance(value, list | tuple):
+            items = enumerate(value)
+        else:
+            continue
+        if id(value) in seen:
+            continue
+        seen.add(id(value))  # ``root`` keeps every container alive: ids stay unique
+        if depth >= MAX_DEPTH:
+            raise LimitExceeded("torch pickle nesting", depth + 1, MAX_DEPTH, "levels")
+        children = [(v, f"{prefix}.{k}" if prefix else str(k), depth + 1) for k, v in items]
+        todo.extend(reversed(children))  # depth first, in order: the first path wins
+    return out
 
 
 class TorchZipFormat(CheckpointFormat):
@@ -64,12 +92,6 @@ class TorchZipFormat(CheckpointFormat):
         raise CheckpointError("torch files are read from a seekable copy")
 
     def read_spans(self, fh: BinaryIO, size: int) -> list[TensorSpan]:
-        try:
-            return self._spans(fh, size)
-        except (struct.error, IndexError, KeyError, StopIteration, OverflowError) as exc:
-            raise CheckpointError(f"torch archive is corrupt: {exc!r}") from None
-
-    def _spans(self, fh: BinaryIO, size: int) -> list[TensorSpan]:
         fh.seek(0)
         if fh.read(len(LEGACY_MAGIC)) == LEGACY_MAGIC:
             raise CheckpointError(
@@ -84,9 +106,13 @@ class TorchZipFormat(CheckpointFormat):
         offset, length, method = entries[pickles[0]]
         if method != 0:
             raise CheckpointError("torch archive's data.pkl is compressed")
-        fh.seek(zip_data_start(fh, offset))
-        tensors: dict[str, TensorRef] = {}
-        _walk(load(fh.read(length)), "", tensors)
+        if length > MAX_BYTES:  # before reading it
+            raise LimitExceeded("torch pickle", length, MAX_BYTES, "bytes")
+        fh.seek(zip_data_start(fh, offset, size))
+        pickle = fh.read(length)
+        if len(pickle) != length:
+            raise CheckpointError("torch archive's data.pkl is truncated")
+        tensors = _tensors(load(pickle))
         users: dict[str, list[tuple[str, TensorRef]]] = {}
         storages: dict[str, StorageRef] = {}
         for name in sorted(tensors):
@@ -106,23 +132,20 @@ class TorchZipFormat(CheckpointFormat):
                 dtype = _FROM_TORCH.get(ref.dtype, f"torch.{ref.dtype}")
                 known = lookup(dtype)
                 itemsize = known.bits // 8 if known is not None and known.bits >= 8 else 1
-                numel = storage.numel // itemsize
+                if storage.numel != length:
+                    raise CheckpointError(f"torch storage {key} has the wrong size")
+                if length % itemsize:  # not whole elements of the first user's type
+                    dtype, itemsize = "U8", 1
+                numel = length // itemsize
             else:
                 dtype, numel = _DTYPES[storage.kind], storage.numel
                 known = lookup(dtype)
                 if known is not None and known.nbytes((numel,)) != length:
                     raise CheckpointError(f"torch storage {key} has the wrong size")
-            whole = len(users[key]) == 1 and ref.offset == 0 and _numel(ref.shape) == numel
+            whole = len(users[key]) == 1 and ref.offset == 0 and math.prod(ref.shape) == numel
             shape = ref.shape if whole else (numel,)
             if not whole:
                 name = f"{name} (storage {key})"
-            start = zip_data_start(fh, offset)
+            start = zip_data_start(fh, offset, size)
             spans.append(TensorSpan(name, dtype, shape, start, start + length))
         return spans
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    out = 1
-    for d in shape:
-        out *= d
-    return out

@@ -1,7 +1,9 @@
 """Reading a zip archive's layout (not its contents): where each member's bytes lie.
 
 Shared by the zip-based formats (PyTorch, .npz). Members are located through the central
-directory at the end (zip64 included), since local headers may not carry sizes.
+directory at the end (zip64 included), since local headers may not carry sizes. Every
+offset and size read is checked against the file before it is used, and the member
+count and directory size are capped before the directory is read.
 """
 
 from __future__ import annotations
@@ -10,64 +12,100 @@ import struct
 from typing import BinaryIO
 
 from git_theta.errors import CheckpointError
+from git_theta.formats.base import MAX_TENSORS, LimitExceeded
+
+MAX_ENTRIES = MAX_TENSORS + 1024  # members: one per storage, and a few records
+# Bytes of central directory: 46 bytes and a name per member (~110 for torch's).
+MAX_DIRECTORY = 64 << 20
+_EOCD = b"PK\x05\x06"
+_ENTRY = struct.Struct("<4s6xH8xIIHHH8xI")  # sig, method, csize, usize, n_name, n_extra,
+# n_comment, local header offset: one central directory record, without its name
 
 
 def zip_entries(fh: BinaryIO, size: int) -> dict[str, tuple[int, int, int]]:
-    """Central directory: name -> (local header offset, stored size, method)."""
+    """Return the central directory: name -> (local header offset, stored size, method).
+
+    Raises CheckpointError when the directory is missing, corrupt, points outside the
+    file, or claims more than MAX_ENTRIES members or MAX_DIRECTORY bytes.
+    """
     tail_len = min(size, 65536 + 22)
     fh.seek(size - tail_len)
     tail = fh.read(tail_len)
-    at = tail.rfind(b"PK\x05\x06")
-    if at < 0:
+    at = tail.rfind(_EOCD)
+    if at < 0 or at + 22 > len(tail):
         raise CheckpointError("zip end of central directory not found (truncated file?)")
     count, cd_size, cd_offset = struct.unpack_from("<HII", tail, at + 10)
-    loc = tail.rfind(b"PK\x06\x07", 0, at)
-    if loc >= 0 and (count == 0xFFFF or cd_offset == 0xFFFFFFFF):  # zip64
-        (eocd64,) = struct.unpack_from("<Q", tail, loc + 8)
+    if (count == 0xFFFF or cd_size == 0xFFFFFFFF or cd_offset == 0xFFFFFFFF) and (
+        at >= 20 and tail[at - 20 : at - 16] == b"PK\x06\x07"
+    ):  # zip64: the locator right before the end record points at the zip64 end record
+        (eocd64,) = struct.unpack_from("<Q", tail, at - 20 + 8)
+        if eocd64 + 56 > size:
+            raise CheckpointError("zip64 end of central directory lies outside the file")
         fh.seek(eocd64)
         record = fh.read(56)
         if record[:4] != b"PK\x06\x06":
             raise CheckpointError("zip64 end of central directory is corrupt")
         count, cd_size, cd_offset = struct.unpack_from("<QQQ", record, 32)
+    if count > MAX_ENTRIES:
+        raise LimitExceeded("zip member count", count, MAX_ENTRIES)
+    if cd_size > MAX_DIRECTORY:
+        raise LimitExceeded("zip central directory", cd_size, MAX_DIRECTORY, "bytes")
     if cd_offset + cd_size > size:
         raise CheckpointError("zip central directory lies outside the file")
+    if count * _ENTRY.size > cd_size:
+        raise CheckpointError(f"zip central directory is too short for {count} members")
     fh.seek(cd_offset)
     directory = fh.read(cd_size)
     out: dict[str, tuple[int, int, int]] = {}
     pos = 0
     for _ in range(count):
-        if directory[pos : pos + 4] != b"PK\x01\x02":
+        if pos + _ENTRY.size > len(directory):
             raise CheckpointError("zip central directory is corrupt")
-        (method,) = struct.unpack_from("<H", directory, pos + 10)
-        csize, _usize, n_name, n_extra, n_comment = struct.unpack_from(
-            "<IIHHH", directory, pos + 20
+        sig, method, csize, usize, n_name, n_extra, n_comment, offset = _ENTRY.unpack_from(
+            directory, pos
         )
-        (offset,) = struct.unpack_from("<I", directory, pos + 42)
-        name = directory[pos + 46 : pos + 46 + n_name].decode("utf-8", "replace")
-        extra = directory[pos + 46 + n_name : pos + 46 + n_name + n_extra]
-        csize, offset = _zip64_fields(extra, csize, _usize, offset)
+        end = pos + _ENTRY.size + n_name + n_extra + n_comment
+        if sig != b"PK\x01\x02" or end > len(directory):
+            raise CheckpointError("zip central directory is corrupt")
+        name_at = pos + _ENTRY.size
+        name = directory[name_at : name_at + n_name].decode("utf-8", "replace")
+        extra = directory[name_at + n_name : name_at + n_name + n_extra]
+        csize, offset = _zip64_fields(extra, csize, usize, offset)
+        if offset + 30 > size or csize > size:
+            raise CheckpointError(f"zip member {name!r} lies outside the file")
         out[name] = (offset, csize, method)
-        pos += 46 + n_name + n_extra + n_comment
+        pos = end
     return out
 
 
 def _zip64_fields(extra: bytes, csize: int, usize: int, offset: int) -> tuple[int, int]:
+    """Return (stored size, offset), taken from the zip64 extra field where the record
+    says so (a field of all ones). Raises CheckpointError when the field lacks them."""
     pos = 0
     while pos + 4 <= len(extra):
         tag, length = struct.unpack_from("<HH", extra, pos)
+        if pos + 4 + length > len(extra):
+            raise CheckpointError("zip extra field runs past its record")
         if tag == 1:
-            fields = iter(struct.unpack_from(f"<{length // 8}Q", extra, pos + 4))
-            if usize == 0xFFFFFFFF:
-                usize = next(fields)
-            if csize == 0xFFFFFFFF:
-                csize = next(fields)
-            if offset == 0xFFFFFFFF:
-                offset = next(fields)
+            fields = list(struct.unpack_from(f"<{length // 8}Q", extra, pos + 4))
+            wanted = [usize == 0xFFFFFFFF, csize == 0xFFFFFFFF, offset == 0xFFFFFFFF]
+            if sum(wanted) > len(fields):
+                raise CheckpointError("zip64 extra field is missing a size or an offset")
+            if wanted[0]:
+                fields.pop(0)
+            if wanted[1]:
+                csize = fields.pop(0)
+            if wanted[2]:
+                offset = fields.pop(0)
         pos += 4 + length
     return csize, offset
 
 
-def zip_data_start(fh: BinaryIO, offset: int) -> int:
+def zip_data_start(fh: BinaryIO, offset: int, size: int) -> int:
+    """Return where the data of the member whose local header is at ``offset`` starts.
+    Raises CheckpointError when the header is corrupt or lies outside the file."""
+    if offset + 30 > size:
+        raise CheckpointError("zip local header lies outside the file")
     fh.seek(offset)
     head = fh.read(30)
     if head[:4] != b"PK\x03\x04":
