@@ -19,11 +19,19 @@ from typing import BinaryIO
 
 from git_theta.dtypes import from_numpy_name, lookup
 from git_theta.errors import CheckpointError
-from git_theta.formats.base import CheckpointFormat, ReadExact, TensorSpan
+from git_theta.formats.base import (
+    MAX_DEPTH,
+    MAX_TENSORS,
+    CheckpointFormat,
+    LimitExceeded,
+    ReadExact,
+    TensorSpan,
+)
 
 NDARRAY_EXT = 1  # flax's extension code for an ndarray (2 is a complex, 3 a numpy scalar)
-MAX_DEPTH = 200  # flax state dicts nest a handful of levels; deeper is corruption
 MAX_KEY = 1 << 16  # bytes in one key: a name, not data
+# msgpack values walked (~2 us each): an array leaf takes 8, so this is 4x MAX_TENSORS.
+MAX_VALUES = 32 * MAX_TENSORS
 
 
 class _Truncated(CheckpointError):
@@ -49,6 +57,7 @@ class _Walker:
         self.pos = 0
         self.ext_length = 0  # payload length of the extension ``head`` just read
         self.spans: list[TensorSpan] = []
+        self.values = 0
 
     def take(self, n: int) -> bytes:
         if self.pos + n > self.size:
@@ -71,6 +80,9 @@ class _Walker:
 
     def head(self) -> tuple[str, int]:
         """Read a marker; return (kind, n): a count, length, int value or ext code."""
+        self.values += 1
+        if self.values > MAX_VALUES:
+            raise LimitExceeded("Flax msgpack value count", None, MAX_VALUES)
         m = self.take(1)[0]
         if m <= 0x7F:
             return "int", m
@@ -105,17 +117,22 @@ class _Walker:
             return "ext", self.take(1)[0]
         raise CheckpointError(f"Flax msgpack file has an invalid marker 0x{m:02x}")
 
-    def value(self, path: list[str], depth: int) -> None:
-        if depth > MAX_DEPTH:
-            raise CheckpointError("Flax msgpack file nests too deeply")
+    def value(self, path: list[str]) -> None:
+        """Walk one value at key ``path`` (appended to and restored, never copied: a
+        copy per value would cost depth x values)."""
+        if len(path) > MAX_DEPTH:
+            raise LimitExceeded("Flax msgpack nesting", len(path), MAX_DEPTH, "levels")
         kind, n = self.head()
         if kind == "map":
             for _ in range(n):
-                key = self.key()
-                self.value([*path, key], depth + 1)
+                path.append(self.key())
+                self.value(path)
+                path.pop()
         elif kind == "array":
             for i in range(n):
-                self.value([*path, str(i)], depth + 1)
+                path.append(str(i))
+                self.value(path)
+                path.pop()
         elif kind in ("str", "bin"):
             self.skip(n)
         elif kind == "ext":
@@ -161,6 +178,8 @@ class _Walker:
         kind, n = self.head()
         if kind != "bin" or self.pos + n > end:
             raise CheckpointError(f"Flax array {name!r} is malformed")
+        if len(self.spans) >= MAX_TENSORS:
+            raise LimitExceeded("Flax msgpack array count", None, MAX_TENSORS)
         known = lookup(dtype)
         if known is not None and known.nbytes(tuple(shape)) != n:
             raise CheckpointError(
@@ -221,7 +240,7 @@ class FlaxMsgpackFormat(CheckpointFormat):
     def read_spans(self, fh: BinaryIO, size: int) -> list[TensorSpan]:
         fh.seek(0)
         walker = _Walker(fh.read, fh.seek, size)
-        walker.value([], 0)
+        walker.value([])
         if walker.pos != size:
             raise CheckpointError("Flax msgpack file has trailing bytes after its state dict")
         return walker.spans

@@ -13,16 +13,16 @@ error line instead of taking git's filter down with it.
 from __future__ import annotations
 
 import json
-import sys
 from typing import BinaryIO
 
 from git_theta import proc
 from git_theta.errors import CheckpointError
 from git_theta.formats.base import CheckpointFormat, ReadExact, TensorSpan
+from git_theta.interpreter import python_argv
 
 SIGNATURE = b"\x89HDF\r\n\x1a\n"
 NO_H5PY = 3  # exit code of hdf5_layout when h5py is not installed
-READ_TIMEOUT = 600  # seconds; h5py reads only metadata, so a hang is a broken file
+READ_TIMEOUT = 120  # seconds; h5py reads only metadata (65k datasets: ~15 s)
 
 
 class Hdf5Format(CheckpointFormat):
@@ -42,9 +42,9 @@ class Hdf5Format(CheckpointFormat):
 
         fh.flush()
         fh.seek(0)
-        # -P: git runs us in the work tree, and a cloned repository must not be able to
-        # shadow a module the reader imports (a committed json.py, h5py.py...).
-        argv = (sys.executable, "-P", "-m", "git_theta.formats.hdf5_layout")
+        # Isolated: git runs us in the work tree, and a cloned repository must not be
+        # able to shadow a module the reader imports (a committed json.py, h5py.py...).
+        argv = python_argv("-m", "git_theta.formats.hdf5_layout")
         try:
             done = proc.run(*argv, stdin=fh, check=False, timeout=READ_TIMEOUT)
         except subprocess.TimeoutExpired:
@@ -66,6 +66,6 @@ class Hdf5Format(CheckpointFormat):
             raise CheckpointError(f"HDF5 file is corrupt: {lines[-1] if lines else 'unreadable'}")
         try:
             rows = json.loads(done.stdout)
-            return [TensorSpan(n, d, tuple(s), a, b) for n, d, s, a, b in rows]
+            return [TensorSpan(str(n), str(d), tuple(s), a, b) for n, d, s, a, b in rows]
         except (ValueError, TypeError) as exc:
             raise CheckpointError(f"HDF5 layout reader gave bad output: {exc}") from None

@@ -12,6 +12,13 @@ import sys
 from typing import Any
 
 from git_theta.dtypes import from_numpy_name, lookup
+from git_theta.formats.base import MAX_TENSORS
+
+# The HDF5 library parses a file we did not write: it runs with its own limits, so a
+# hostile file costs at most this much memory (h5py itself peaks at ~150 MB of address
+# space) and CPU time, then fails as one error line.
+MEMORY_LIMIT = 512 << 20  # bytes of address space
+CPU_LIMIT = 60  # seconds
 
 
 def _dtype(dataset: Any) -> str | None:
@@ -52,13 +59,26 @@ def spans(fh: Any) -> list[list[Any]]:
             nbytes = obj.id.get_storage_size()
             if nbytes == 0 or nbytes != obj.size * obj.dtype.itemsize:
                 return
+            if len(out) >= MAX_TENSORS:
+                raise ValueError(f"more than {MAX_TENSORS} datasets (git-theta's limit)")
             out.append([name, dtype, list(obj.shape), offset, offset + nbytes])
 
         f.visititems(visit)
     return out
 
 
+def _limit_resources() -> None:
+    import resource
+
+    for which, value in ((resource.RLIMIT_AS, MEMORY_LIMIT), (resource.RLIMIT_CPU, CPU_LIMIT)):
+        _soft, hard = resource.getrlimit(which)
+        if hard != resource.RLIM_INFINITY:
+            value = min(value, hard)
+        resource.setrlimit(which, (value, hard))
+
+
 def main() -> int:
+    _limit_resources()
     try:
         import h5py  # noqa: F401
     except ImportError:
@@ -66,7 +86,8 @@ def main() -> int:
     try:
         rows = spans(os.fdopen(0, "rb", closefd=False))
     except Exception as exc:  # h5py raises OSError, KeyError, ValueError... on bad files
-        sys.stderr.write(f"{type(exc).__name__}: {exc}\n")
+        detail = str(exc).strip().splitlines()
+        sys.stderr.write(f"{type(exc).__name__}: {detail[0][:200] if detail else ''}\n")
         return 1
     sys.stdout.write(json.dumps(rows))
     return 0
