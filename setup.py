@@ -1,12 +1,18 @@
-"""Builds the optional C kernel for the codec; everything else is in pyproject.toml.
+"""Builds the optional C kernel for the codec and installs the git-theta command;
+everything else is in pyproject.toml.
 
 The kernel is optional: without a C compiler the install still succeeds and the codec
 uses its NumPy code path (same bytes, slower).
+
+The command is a shell script (bin/git-theta) rather than an entry point's generated
+wrapper, so that its interpreter starts with -E -P (see git_theta/interpreter.py); it
+finds that interpreter on the first line of bin/git-theta-python, which pip rewrites.
 """
 
 from setuptools import Extension, setup
 
 setup(
+    scripts=["bin/git-theta", "bin/git-theta-python"],
     ext_modules=[
         Extension(
             "git_theta._planes",

@@ -25,7 +25,8 @@ def _kill_servers(directory: Path) -> None:
 
 @pytest.fixture(scope="session")
 def server_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """One private socket directory for the whole run: its server is stopped at the end."""
+    """One private socket directory for the whole run, so that a test that turns the warm
+    filter server on never meets the user's: its servers are stopped at the end."""
     path = tmp_path_factory.mktemp("servers")
     path.chmod(0o700)
     yield path
@@ -49,7 +50,8 @@ def hermetic_git(
     # Users do not run git with Python's output unbuffered: a filter that forgets a
     # flush must hang here as it would for them (this machine's shell sets it).
     monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)
-    # Filters go through a warm server, as for users, whose socket is this run's own.
+    # The filter runs directly, as `git theta install` sets it up for users; the warm
+    # server is opt-in (tests/test_forkserver.py), its sockets in this run's directory.
     monkeypatch.setenv("GIT_THETA_SERVER_DIR", str(server_dir))
     monkeypatch.setenv("GIT_THETA_SERVER_IDLE", "300")
     monkeypatch.delenv("GIT_THETA_SERVER", raising=False)

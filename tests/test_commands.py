@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import git
 
-from git_theta import filter_client, progress
+from git_theta import progress
 from git_theta.commands.cli import main
 from git_theta.commands.track import update_attributes
 from git_theta.errors import UsageError
@@ -27,8 +27,8 @@ def config(key: str, *scope: str) -> str:
 
 def test_install_writes_global_config() -> None:
     assert main(["install"]) == 0
-    # This interpreter, without site-packages, on the client for the warm filter server.
-    expected = shlex.join([sys.executable, "-I", "-S", filter_client.__file__])
+    # The filter itself (the warm server is opt-in), isolated from PYTHONPATH and the cwd.
+    expected = shlex.join([sys.executable, "-E", "-P", "-m", "git_theta", "filter-process"])
     assert config("filter.theta.process", "--global") == expected
     assert config("filter.theta.required", "--global") == "true"
 
@@ -39,7 +39,7 @@ def test_install_local_only_touches_the_repo(
     git(tmp_path, "init", "-q")
     monkeypatch.chdir(tmp_path)
     assert main(["install", "--local"]) == 0
-    expected = shlex.join([sys.executable, "-I", "-S", filter_client.__file__])
+    expected = shlex.join([sys.executable, "-E", "-P", "-m", "git_theta", "filter-process"])
     assert config("filter.theta.process", "--local") == expected
     global_config = Path(os.environ["GIT_CONFIG_GLOBAL"]).read_text()
     assert "theta" not in global_config

@@ -1,10 +1,15 @@
-"""The warm filter server, through real git: what it serves, and when it steps aside."""
+"""The warm filter server, through real git: off by default; when on, what it serves, as
+whom, and when it steps aside."""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
+import re
 import select
+import shlex
 import shutil
 import signal
 import socket
@@ -17,15 +22,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import _kill_servers, git, sha256
+from hostile_modules import markers_left, plant
 from lfs_server import LfsServer
 from st_files import f32, st_from_arrays
 
 import git_theta
 from git_theta import filter_client
-from git_theta.forkserver import running_servers, stop_servers
+from git_theta.commands.cli import main
+from git_theta.forkserver import REQUEST_TIME, find_servers, running_servers, stop_servers
 
 SHAPES = {"a.weight": (64, 32), "b.weight": (32, 16), "c.bias": (16,)}
 SERVED = "git-theta: served by filter server"
+_IN_CREATE, _IN_MOVED_TO = 0x100, 0x80
 
 
 @pytest.fixture
@@ -39,30 +47,63 @@ def servers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     _kill_servers(path)
 
 
+@pytest.fixture
+def repo(repo: Path, servers: Path) -> Path:
+    """conftest's ``repo`` with the warm server turned on, as users turn it on (it is off
+    by default: tests/test_server_setting.py)."""
+    assert main(["install", "--server"]) == 0
+    return repo
+
+
 def sock_path(servers: Path) -> Path:
     return Path(filter_client.socket_path(str(servers)))
 
 
-def wait_for_server(servers: Path, timeout: float = 20.0) -> None:
-    """Wait until a server accepts connections on this directory's socket."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket(socket.AF_UNIX) as probe:
-            try:
-                probe.connect(str(sock_path(servers)))
-                return
-            except OSError:
-                time.sleep(0.05)
-    raise AssertionError("no filter server came up")
+def _listening(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX) as probe:
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+        return True
+
+
+def wait_for_server(servers: Path, path: Path | None = None, timeout: float = 20.0) -> None:
+    """Wait until a server listens on ``path`` (this directory's socket by default),
+    woken by the directory's changes (a server renames its socket into place)."""
+    path = path or sock_path(servers)
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.inotify_init1(os.O_CLOEXEC | os.O_NONBLOCK)
+    assert fd >= 0
+    try:
+        assert libc.inotify_add_watch(fd, os.fsencode(path.parent), _IN_CREATE | _IN_MOVED_TO) >= 0
+        deadline = time.monotonic() + timeout
+        while not _listening(path):
+            left = deadline - time.monotonic()
+            assert left > 0 and select.select([fd], [], [], left)[0], "no filter server came up"
+            with contextlib.suppress(BlockingIOError):
+                os.read(fd, 1 << 16)
+    finally:
+        os.close(fd)
+
+
+def server_argv(path: Path) -> list[str]:
+    return [sys.executable, "-E", "-P", "-m", "git_theta", "filter-server", str(path)]
 
 
 def start_server(servers: Path, **env: str) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(  # in a session of its own, as the client starts it
-        [sys.executable, "-P", "-m", "git_theta.forkserver", str(sock_path(servers))],
+    """Start a server as the client does (in a session of its own) and return once it
+    listens: it lets go of its standard output then."""
+    proc = subprocess.Popen(
+        server_argv(sock_path(servers)),
         env={**os.environ, **env},
         start_new_session=True,
+        stdout=subprocess.PIPE,
     )
-    wait_for_server(servers)
+    assert proc.stdout is not None
+    assert proc.stdout.read() == b""
+    proc.stdout.close()
+    assert proc.poll() is None, "the server did not start"
     return proc
 
 
@@ -146,6 +187,25 @@ def test_an_upgraded_server_steps_aside(repo: Path, servers: Path) -> None:
         )
         assert SERVED in again.stderr
         assert sha256(model) == sha
+    finally:
+        os.utime(module, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+def test_a_change_to_a_module_the_server_never_loaded_makes_it_step_aside(
+    repo: Path, servers: Path
+) -> None:
+    # A worker imports prune.py, say, from disk as it is then: a server that served on
+    # would mix an old and a new git-theta in one process.
+    old = start_server(servers)
+    module = Path(git_theta.__file__).parent / "commands" / "prune.py"  # not in _warm()
+    before = module.stat()
+    try:
+        os.utime(module, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000_000))
+        (repo / "model.safetensors").write_bytes(st_from_arrays(f32(SHAPES, seed=25)))
+        done = add(repo, "model.safetensors")
+        assert done.returncode == 0, done.stderr
+        assert SERVED not in done.stderr
+        assert old.wait(timeout=20) == 0
     finally:
         os.utime(module, ns=(before.st_atime_ns, before.st_mtime_ns))
 
@@ -272,18 +332,25 @@ def test_a_signal_to_the_client_reaches_the_worker(servers: Path) -> None:
         client.stdin.close()  # a worker still waiting for git's handshake sees its end
 
 
-def test_a_work_tree_never_supplies_the_filters_modules(repo: Path, servers: Path) -> None:
-    # git runs the filter, and so starts the server, in the work tree of a cloned repo.
-    for name in ("json.py", "zstandard.py", "git_theta/__init__.py"):
-        (repo / name).parent.mkdir(exist_ok=True)
-        (repo / name).write_text(f"open({str(repo / 'RAN')!r}, 'a').write({name!r})\n")
+@pytest.mark.parametrize("pythonpath", ["", ":"])
+def test_a_work_tree_never_supplies_the_filters_modules(
+    repo: Path, servers: Path, tmp_path: Path, pythonpath: str
+) -> None:
+    # git runs the filter, and so starts the server, in the work tree of a cloned repo;
+    # with PYTHONPATH=":" a json.py there stayed loaded in the server, for every command.
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    plant(repo, markers, "repo")
     model = repo / "model.safetensors"
     model.write_bytes(st_from_arrays(f32(SHAPES, seed=10)))
-    assert add(repo, "model.safetensors").returncode == 0  # filters here, starts a server
+    first = add(repo, "model.safetensors", PYTHONPATH=pythonpath)  # starts a server
+    assert first.returncode == 0, first.stderr
     wait_for_server(servers)
     model.write_bytes(st_from_arrays(f32(SHAPES, seed=11)))
-    assert SERVED in add(repo, "model.safetensors").stderr
-    assert not (repo / "RAN").exists()
+    again = add(repo, "model.safetensors", PYTHONPATH=pythonpath)
+    assert again.returncode == 0, again.stderr
+    assert SERVED in again.stderr
+    assert markers_left(markers) == []
 
 
 def test_git_lfs_files_beside_theta_files_do_not_hang_git(repo: Path, servers: Path) -> None:
@@ -326,16 +393,20 @@ def test_objects_are_written_under_the_callers_umask(repo: Path, servers: Path, 
     assert {p.stat().st_mode & 0o777 for p in objects} == {0o666 & ~umask}
 
 
-def test_a_caller_with_another_module_path_is_filtered_by_itself(
+def test_a_callers_module_path_is_ignored_as_the_filter_ignores_it(
     repo: Path, servers: Path, tmp_path: Path
 ) -> None:
     start_server(servers)
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    plant(tmp_path / "lib", markers, "lib")
     (repo / "model.safetensors").write_bytes(st_from_arrays(f32(SHAPES, seed=15)))
-    done = add(repo, "model.safetensors", PYTHONPATH=str(tmp_path))
+    done = add(repo, "model.safetensors", PYTHONPATH=str(tmp_path / "lib"))
     assert done.returncode == 0, done.stderr
-    assert SERVED not in done.stderr  # its workers would not see that path
+    assert SERVED in done.stderr  # as a filter git starts, its worker ignores PYTHON*
     git(repo, "commit", "-q", "-m", "v1")
     assert git(repo, "show", "HEAD:model.safetensors").stdout.startswith(b"{")
+    assert markers_left(markers) == []
 
 
 def test_download_helpers_run_where_the_terminal_is(
@@ -397,7 +468,8 @@ def test_stop_servers_stops_only_the_servers_of_a_directory(servers: Path, tmp_p
     ours, theirs = start_server(servers), start_server(other)
     try:
         assert stop_servers(str(servers)) == 1
-        assert ours.wait(timeout=20) == -signal.SIGTERM
+        assert ours.wait(timeout=20) == 0  # it left as it should, socket removed
+        assert not sock_path(servers).exists()
         assert theirs.poll() is None
     finally:
         theirs.terminate()
@@ -422,3 +494,106 @@ def test_commands_started_at_once_start_one_server(
     wait_for_server(servers)
     assert len(running_servers(str(servers))) == 1
     assert not Path(str(sock_path(servers)) + filter_client.STARTING).exists()
+
+
+def limited(repo: Path, limit: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``git ARGS`` under the shell's ``ulimit LIMIT`` (a shell: no fork of this process)."""
+    command = (
+        f"ulimit {limit} && exec git {shlex.join(args)}" if limit else shlex.join(["git", *args])
+    )
+    return subprocess.run(
+        ["sh", "-c", command], cwd=repo, env={**os.environ, **env}, capture_output=True, text=True
+    )
+
+
+def without_trace(stderr: str) -> str:
+    """``stderr`` without the server's trace line, temporary files' names made equal."""
+    lines = (ln for ln in stderr.splitlines(keepends=True) if not ln.startswith(SERVED))
+    return re.sub(r"theta-\d+-[0-9a-f]+", "theta-TMP", "".join(lines))
+
+
+def test_a_worker_has_exactly_its_callers_resource_limits(repo: Path, servers: Path) -> None:
+    # 1 MB of incompressible floats: its object is past a 64-block file size limit.
+    big = {"w": (256, 1024)}
+    (repo / "model.safetensors").write_bytes(st_from_arrays(f32(big, seed=30)))
+    done = limited(repo, "-f 64", "add", "model.safetensors", GIT_THETA_SERVER="0")
+    direct = subprocess.CompletedProcess(done.args, done.returncode, "", without_trace(done.stderr))
+    assert direct.returncode != 0
+    assert "file too large for this process's size limit" in direct.stderr
+
+    # The first command of all starts the server, under its limit (hard and soft): the
+    # server is that caller's, and a later caller without the limit never meets it.
+    first = limited(repo, "-f 64", "add", "model.safetensors")
+    assert (first.returncode, without_trace(first.stderr)) == (direct.returncode, direct.stderr)
+    [small] = find_servers([str(servers)])
+    wait_for_server(servers, Path(small.socket))
+    free = add(repo, "model.safetensors")
+    assert free.returncode == 0, free.stderr
+    assert SERVED not in free.stderr  # none for it yet: it filtered itself, started one
+    assert Path(small.socket) != sock_path(servers)
+    wait_for_server(servers)
+    git(repo, "reset", "-q")
+    free = add(repo, "model.safetensors")
+    assert free.returncode == 0, free.stderr
+    assert SERVED in free.stderr and f"{SERVED} {small.pid}" not in free.stderr
+    git(repo, "reset", "-q")
+
+    again = limited(repo, "-f 64", "add", "model.safetensors")
+    assert f"{SERVED} {small.pid}" in again.stderr  # limited exactly like the caller
+    assert (again.returncode, without_trace(again.stderr)) == (direct.returncode, direct.stderr)
+
+    # A soft limit alone is the caller's to set: the unlimited server's worker takes it.
+    soft = limited(repo, "-S -f 64", "add", "model.safetensors")
+    assert SERVED in soft.stderr and f"{SERVED} {small.pid}" not in soft.stderr
+    assert (soft.returncode, without_trace(soft.stderr)) == (direct.returncode, direct.stderr)
+    assert add(repo, "model.safetensors").returncode == 0  # and the next one has none
+
+
+def test_a_caller_with_another_nice_value_meets_a_server_of_its_own(
+    repo: Path, servers: Path
+) -> None:
+    ours = start_server(servers)
+    (repo / "model.safetensors").write_bytes(st_from_arrays(f32(SHAPES, seed=31)))
+    niced = subprocess.run(
+        ["nice", "-n", "5", "git", "add", "model.safetensors"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+    )
+    assert niced.returncode == 0, niced.stderr
+    assert SERVED not in niced.stderr  # ours would run its work at our priority
+    [other] = [s for s in find_servers([str(servers)]) if s.pid != ours.pid]
+    assert os.getpriority(os.PRIO_PROCESS, other.pid) == os.getpriority(os.PRIO_PROCESS, 0) + 5
+    wait_for_server(servers, Path(other.socket))
+    git(repo, "reset", "-q")
+    again = subprocess.run(
+        ["nice", "-n", "5", "git", "add", "model.safetensors"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+    )
+    assert f"{SERVED} {other.pid}" in again.stderr
+
+
+def test_a_silent_client_does_not_hold_up_others(repo: Path, servers: Path) -> None:
+    start_server(servers)
+    path = str(sock_path(servers))
+    silent, half = socket.socket(socket.AF_UNIX), socket.socket(socket.AF_UNIX)
+    try:
+        silent.connect(path)  # connects, never sends
+        half.connect(path)
+        half.sendall((1000).to_bytes(4, "little") + b"2\0")  # a request cut short
+        (repo / "model.safetensors").write_bytes(st_from_arrays(f32(SHAPES, seed=32)))
+        began = time.monotonic()
+        done = add(repo, "model.safetensors")
+        took = time.monotonic() - began
+        assert done.returncode == 0, done.stderr
+        assert SERVED in done.stderr
+        # A server that waited for them would have made the client give up after WAIT
+        # seconds (10) and filter by itself.
+        assert took < filter_client.WAIT / 2, took
+        silent.settimeout(REQUEST_TIME * 5)
+        assert silent.recv(1) == b""  # they are dropped after REQUEST_TIME
+    finally:
+        silent.close()
+        half.close()

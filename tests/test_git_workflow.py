@@ -148,7 +148,7 @@ def test_one_filter_process_serves_every_file(repo: Path) -> None:
 
     done = subprocess.run(["git", "add", "-A"], cwd=repo, env=env_trace, capture_output=True)
     assert done.returncode == 0, done.stderr.decode()
-    starts = [ln for ln in done.stderr.decode().splitlines() if "filter_client.py" in ln]
+    starts = [ln for ln in done.stderr.decode().splitlines() if "filter-process" in ln]
     assert len(starts) == 1, starts
 
 

@@ -1,26 +1,34 @@
-"""What git runs as ``filter.theta.process``: hand git's pipes to a warm server, or filter here.
+"""``filter.theta.process`` with the warm server on: hand git's pipes to a server, or filter here.
 
-Every git command that touches a checkpoint starts the filter, and a Python process that
-has imported the filter costs ~50 ms before it reads a byte (interpreter start and
-imports, on a 2-core VM). This script runs as ``python -I -S filter_client.py`` and
-imports only modules that need no site-packages (~10 ms). It passes its stdin, stdout and
-stderr, working directory, umask and environment over a Unix socket to
-``git_theta.forkserver``, a process that has imported the filter already and forks a
-worker to serve this git command, and exits with the worker's exit code.
+Off by default; ``git theta install --server`` writes this script as the filter. Every git
+command that touches a checkpoint starts the filter, and a Python process that has
+imported the filter costs ~50 ms before it reads a byte (interpreter start and imports,
+on a 2-core VM). This script runs as ``python -I -S filter_client.py`` and imports only
+modules that need no site-packages (~10 ms). It passes its stdin, stdout and stderr,
+working directory, umask, soft resource limits, CPU affinity and environment over a Unix
+socket to ``git_theta.forkserver``, a process that has imported the filter already and
+forks a worker to serve this git command, and exits with the worker's exit code.
+
+What a worker cannot take over from its caller (groups, hard limits, nice value, cgroup,
+namespaces, privileges, the loader's and the locale's variables: ``attributes()``) it
+must share with its server: they are part of the socket's name, so callers that differ
+meet different servers, and the server checks them again.
 
 When no server takes the request it becomes the filter itself
-(``python -P -m git_theta filter-process``), and when none is running, or a stale one
+(``python -E -P -m git_theta filter-process``), and when none is running, or a stale one
 refused, it first starts one for the next command. No server is used off Linux, with
 ``GIT_THETA_SERVER=0``, or when the socket's directory is not private.
 
 The server gets the socket's path on its command line and imports this module for the
 exchange's constants. Exchange, on one connection: the request (length-prefixed, with
 the three descriptors); the server answers REFUSED (stale: it exits), DECLINED (it
-cannot serve this caller) or, from the forked worker, ACCEPTED and the worker's pid; the
-client sends GO, and only then does the worker touch the descriptors, so a client that
-gave up waiting and filters by itself never shares git's pipes with a worker; the worker
-may then ask the client to start helpers that may prompt (SPAWN: the client has the
-terminal), and last sends its exit code (EXIT).
+cannot serve this caller) or, from the forked worker, ACCEPTED and the worker's pid, or
+DECLINED when it could not take the caller's limits; the client sends GO, and only then
+does the worker touch the descriptors, so a client that gave up waiting and filters by
+itself never shares git's pipes with a worker; the worker may then ask the client to
+start helpers that may prompt (SPAWN: the client has the terminal), and last sends its
+exit code (EXIT). A request of just STATUS gets the server's pid, start time and count
+of commands served (``git theta server status``).
 """
 
 from __future__ import annotations
@@ -28,17 +36,26 @@ from __future__ import annotations
 import _signal  # type: ignore[import-not-found]  # signal would import enum
 import _socket
 import os
+import resource
 import sys
 import time
 
-PROTOCOL = b"1"
+PROTOCOL = b"2"
+STATUS = b"status"  # a request of just this: the server answers with its state
 ACCEPTED, REFUSED, DECLINED, GO = b"+", b"-", b"=", b"!"
 EXIT, SPAWN = b"x", b"s"  # from the worker: its exit code; start a helper here
 FDS = (0, 1, 2)
 FORWARDED = (2, 1, 3, 15)  # SIGINT, SIGHUP, SIGQUIT, SIGTERM (the same on Linux)
 WAIT = 10.0  # seconds a client waits for the server's answer before filtering itself
-# What decides where modules are imported from: a worker has its server's sys.path.
-PATH_VARIABLES = (b"PYTHONPATH", b"PYTHONHOME", b"PYTHONUSERBASE", b"PYTHONNOUSERSITE")
+# interpreter.FLAGS (this script imports nothing of git-theta's): no PYTHON* variable, no
+# working directory on sys.path.
+PYTHON_FLAGS = ("-E", "-P")
+SERVER_COMMAND = ("-m", "git_theta", "filter-server")  # then the socket's path
+LIMITS = tuple(sorted({getattr(resource, n) for n in dir(resource) if n.startswith("RLIMIT_")}))
+# Variables that act when a program starts (the dynamic loader, malloc, the C library,
+# Python's locale), which a worker forked from its server cannot take from its caller.
+_STARTUP_VARIABLES = (b"LD_", b"MALLOC_", b"GLIBC_TUNABLES", b"LANG", b"LC_ALL", b"LC_CTYPE")
+_STATUS_LINES = (b"Cap", b"NoNewPrivs:", b"Seccomp:")  # privileges and confinement
 _LEN = 4  # bytes of the request's length prefix, the pid and the exit code
 STARTING = ".starting"  # beside the socket while a server starts (see _may_start)
 START_BACKOFF = 10.0
@@ -50,14 +67,61 @@ def groups() -> bytes:
     return b",".join(b"%d" % g for g in (os.getgid(), *sorted(os.getgroups())))
 
 
+def _proc_self(name: str) -> bytes:
+    try:
+        with open("/proc/self/" + name, "rb") as fh:
+            return fh.read(1 << 16)
+    except OSError:
+        return b""
+
+
+def attributes() -> list[bytes]:
+    """What a worker inherits from its server and cannot change to its caller's: groups,
+    hard resource limits, nice value, OOM score, cgroups, namespaces, privileges and
+    confinement (capabilities, no_new_privs, seccomp, the security label) and the
+    start-up variables. Each item free of NUL bytes."""
+    status = _proc_self("status").splitlines()
+    try:
+        spaces = sorted(os.listdir("/proc/self/ns"))
+        namespaces = [os.fsencode(os.readlink("/proc/self/ns/" + n)) for n in spaces]
+    except OSError:
+        namespaces = []
+    return [
+        groups(),
+        b",".join(b"%d" % resource.getrlimit(r)[1] for r in LIMITS),
+        b"%d" % os.getpriority(os.PRIO_PROCESS, 0),
+        _proc_self("oom_score_adj").strip(),
+        _proc_self("cgroup").replace(b"\0", b""),
+        _proc_self("attr/current").replace(b"\0", b""),
+        b",".join(namespaces),
+        b"\n".join(ln for ln in status if ln.startswith(_STATUS_LINES)),
+        *sorted(k + b"=" + v for k, v in os.environb.items() if k.startswith(_STARTUP_VARIABLES)),
+    ]
+
+
+def soft_limits() -> bytes:
+    """This process's soft resource limits, which a worker takes (-1: unlimited)."""
+    return b",".join(b"%d=%d" % (r, resource.getrlimit(r)[0]) for r in LIMITS)
+
+
 def _key() -> str:
-    """Which server this is: one per interpreter, installed copy of git-theta, groups and
-    module path, so that a server can serve every caller it meets."""
+    """Which server this is: one per interpreter, installed copy of git-theta and set of
+    ``attributes()``, so that a server can act for every caller it meets."""
     import _blake2  # no OpenSSL, unlike hashlib
 
     where = [os.fsencode(sys.executable), os.fsencode(os.path.dirname(os.path.abspath(__file__)))]
-    where += [groups(), *(k + b"=" + os.environb.get(k, b"") for k in PATH_VARIABLES)]
-    return _blake2.blake2b(b"\0".join(where), digest_size=8).hexdigest()
+    return _blake2.blake2b(b"\0".join(where + attributes()), digest_size=8).hexdigest()
+
+
+def server_dirs() -> list[str]:
+    """Where sockets may be, without creating anything: ``GIT_THETA_SERVER_DIR``, else
+    both defaults (``$XDG_RUNTIME_DIR`` is not set in every session)."""
+    chosen = os.environ.get("GIT_THETA_SERVER_DIR")
+    if chosen:
+        return [os.path.abspath(chosen)]
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    found = [os.path.join(runtime, "git-theta")] if runtime else []
+    return [*found, f"/tmp/git-theta-{os.getuid()}"]
 
 
 def server_dir() -> str | None:
@@ -67,11 +131,7 @@ def server_dir() -> str | None:
     ``/tmp/git-theta-UID``. Another user's directory, or one others can enter, is not
     used: whoever owns the socket runs every filter that connects to it.
     """
-    base = os.environ.get("GIT_THETA_SERVER_DIR")
-    if not base:
-        runtime = os.environ.get("XDG_RUNTIME_DIR")
-        base = os.path.join(runtime, "git-theta") if runtime else f"/tmp/git-theta-{os.getuid()}"
-    base = os.path.abspath(base)  # the server runs in /
+    base = server_dirs()[0]  # absolute: the server runs in /
     try:
         os.mkdir(base, 0o700)
     except FileExistsError:
@@ -99,13 +159,17 @@ def _request() -> bytes:
     """What the worker must be like the filter in: NUL-separated fields, length-prefixed."""
     mask = os.umask(0)
     os.umask(mask)
+    shared = attributes()
     fields = [
         PROTOCOL,
         os.getcwdb(),
         b"%d" % mask,
         b"%d" % os.getppid(),  # git, whose -q keeps progress quiet
         b",".join(b"%d" % s for s in ignored_signals()),
-        groups(),
+        soft_limits(),
+        b",".join(b"%d" % cpu for cpu in sorted(os.sched_getaffinity(0))),
+        b"%d" % len(shared),
+        *shared,
         *(k + b"=" + v for k, v in os.environb.items()),
     ]
     body = b"\0".join(fields)
@@ -209,7 +273,7 @@ def start_server(path: str) -> None:
     of the descriptors git left open (a git-lfs filter's pipes among them)."""
     if not _may_start(path):
         return
-    argv = [sys.executable, "-P", "-m", "git_theta.forkserver", path]
+    argv = [sys.executable, *PYTHON_FLAGS, *SERVER_COMMAND, path]
     actions: list[tuple[int, ...] | tuple[int, int, str, int, int]] = [
         (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
         (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
@@ -226,9 +290,11 @@ def start_server(path: str) -> None:
 
 
 def run_here() -> None:
-    """Become the filter: nothing has read git's pipes yet. ``-P``: git runs the filter
-    in the work tree, and a cloned repository's json.py must not be imported."""
-    os.execv(sys.executable, [sys.executable, "-P", "-m", "git_theta", "filter-process"])
+    """Become the filter: nothing has read git's pipes yet. With ``PYTHON_FLAGS``: git
+    runs the filter in the work tree, and a cloned repository's json.py must not be
+    imported, whatever PYTHONPATH holds."""
+    argv = [sys.executable, *PYTHON_FLAGS, "-m", "git_theta", "filter-process"]
+    os.execv(sys.executable, argv)
 
 
 def _handed_over() -> int | None:

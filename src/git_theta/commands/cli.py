@@ -30,6 +30,14 @@ def _parser() -> argparse.ArgumentParser:
             f"--{name}", dest="scope", action="store_const", const=name, help=f"{name} config"
         )
     p.set_defaults(scope="global")
+    p.add_argument(
+        "--server",
+        action="store_true",
+        help="hand git's filter work to a warm filter server (off by default; see README)",
+    )
+
+    p = sub.add_parser("server", help="the warm filter server: status, or stop them all")
+    p.add_argument("action", choices=("status", "stop"))
 
     p = sub.add_parser("uninstall", help="remove git-theta's git config and hooks")
     scope = p.add_mutually_exclusive_group()
@@ -144,7 +152,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "install":
             from git_theta.commands.install import install
 
-            return install(args.scope)
+            return install(args.scope, args.server)
+        if args.command == "server":
+            from git_theta.commands import server
+
+            return server.status() if args.action == "status" else server.stop()
         if args.command == "uninstall":
             from git_theta.commands.uninstall import uninstall
 

@@ -1,31 +1,52 @@
-"""``git theta install``: register the filter and drivers in git config."""
+"""``git theta install``: register the filter and drivers in git config.
+
+Every command line written here runs this interpreter with ``interpreter.FLAGS``: git
+runs them in the work tree of repositories anyone may have written, so nothing in
+``PYTHONPATH`` or the working directory may supply a module.
+"""
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 
 from git_theta import filter_client, git
 from git_theta.errors import ThetaError
 from git_theta.hooks import HooksElsewhereError, install_hooks
+from git_theta.interpreter import python_argv
+from git_theta.proc import run
 
 
-def process_command() -> str:
-    """What git runs as the long-running filter: this interpreter, without site-packages
-    (10 ms to start), on the client that hands git's pipes to a warm filter server."""
-    return shlex.join([sys.executable, "-I", "-S", filter_client.__file__])
+def command(*args: str) -> str:
+    """The shell command (git runs these with sh) that runs ``git-theta ARGS...``."""
+    return shlex.join(python_argv("-m", "git_theta", *args))
 
 
-SETTINGS = (
-    ("filter.theta.clean", "git-theta clean -- %f"),
-    ("filter.theta.smudge", "git-theta smudge -- %f"),
-    ("filter.theta.required", "true"),
-    ("diff.theta.command", "git-theta diff-driver"),
-    ("diff.theta.textconv", "git-theta textconv"),
-    ("diff.theta.cachetextconv", "true"),
-    ("merge.theta.name", "git-theta: merge checkpoints tensor by tensor"),
-    ("merge.theta.driver", "git-theta merge-driver %O %A %B %P"),
-)
+def process_command(server: bool = False) -> str:
+    """What git runs as the long-running filter: the filter itself, or with ``server``
+    the client that hands git's pipes to a warm filter server (this interpreter without
+    site-packages: 10 ms to start)."""
+    if server:
+        return shlex.join([sys.executable, "-I", "-S", filter_client.__file__])
+    return command("filter-process")
+
+
+def settings(server: bool = False) -> list[tuple[str, str]]:
+    """Every key install writes, with its value. git appends its arguments to the diff
+    driver and textconv, and substitutes the %-placeholders (quoted) itself."""
+    return [
+        ("filter.theta.process", process_command(server)),
+        ("filter.theta.clean", command("clean", "--") + " %f"),
+        ("filter.theta.smudge", command("smudge", "--") + " %f"),
+        ("filter.theta.required", "true"),
+        ("diff.theta.command", command("diff-driver")),
+        ("diff.theta.textconv", command("textconv")),
+        ("diff.theta.cachetextconv", "true"),
+        ("merge.theta.name", "git-theta: merge checkpoints tensor by tensor"),
+        ("merge.theta.driver", command("merge-driver") + " %O %A %B %P"),
+    ]
+
 
 LFS_MISSING = (
     "git-lfs is not installed; git-theta stores tensors as Git LFS objects. Install it "
@@ -34,13 +55,51 @@ LFS_MISSING = (
 )
 
 
-def install(scope: str) -> int:
-    """Write git-theta's config in ``scope``; fail when git-lfs is missing."""
+class NotImportableError(ThetaError):
+    """The configured commands would not find this git-theta."""
+
+
+def check_importable() -> None:
+    """Raise NotImportableError unless this interpreter, started as the configured
+    commands start it, imports this very copy of git-theta."""
+    from git_theta.commands import cli
+
+    probe = "import git_theta.commands.cli as m, sys; sys.stdout.write(m.__file__)"
+    done = run(*python_argv("-c", probe), check=False)
+    theirs = os.fsdecode(done.stdout)
+    try:
+        if done.returncode == 0 and os.path.samefile(theirs, cli.__file__):
+            return
+    except OSError:
+        pass
+    how = f"{sys.executable}, started as git will start it (-E: ignoring PYTHONPATH"
+    fix = "install git-theta with pip (in a virtualenv, or --user), then run `git theta install`"
+    if done.returncode == 0 and theirs:
+        raise NotImportableError(
+            f"{how}), imports another git-theta ({_package(theirs)}) than this one "
+            f"({_package(cli.__file__)}): {fix}"
+        )
+    raise NotImportableError(
+        f"{how} and every PYTHON* variable, so that a cloned repository cannot supply "
+        f"modules) does not find git-theta: {fix}"
+    )
+
+
+def _package(cli_file: str) -> str:
+    return os.path.dirname(os.path.dirname(cli_file))  # the git_theta directory
+
+
+def install(scope: str, server: bool = False) -> int:
+    """Write git-theta's config in ``scope`` (the warm filter server's client as the
+    filter with ``server``); return 0. Raises ThetaError when git-lfs is missing or the
+    configured commands would not import git-theta, before writing anything."""
     if git.lfs_version() is None:
         raise ThetaError(LFS_MISSING)
-    for key, value in (("filter.theta.process", process_command()), *SETTINGS):
+    check_importable()
+    for key, value in settings(server):
         git.config_set(key, value, scope)
-    sys.stderr.write(f"git-theta: configured git ({scope})\n")
+    mode = "; filter server on" if server else ""
+    sys.stderr.write(f"git-theta: configured git ({scope}{mode})\n")
     if git.inside_work_tree():
         try:
             hook = install_hooks()
