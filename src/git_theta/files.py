@@ -21,11 +21,13 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Iterable
-from types import TracebackType
-from typing import IO, BinaryIO
+from typing import IO, TYPE_CHECKING, BinaryIO
 
 from git_theta.errors import ThetaError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from types import TracebackType
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC

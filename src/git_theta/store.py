@@ -97,25 +97,30 @@ class ObjectStore:
         self.tmp = os.path.join(lfs_dir, "tmp")
 
     def tmp_dir(self) -> str:
-        """The directory for temporary files (created on demand; the first call in a
-        process removes stale temporaries). Raises UnsafeFileError when it is a symlink
-        or not a directory: git-theta never makes it one, so someone else did."""
-        os.makedirs(self.tmp, exist_ok=True)
-        mode = os.lstat(self.tmp).st_mode
-        if not stat.S_ISDIR(mode):
-            raise UnsafeFileError(
-                f"{self.tmp} is not a directory (a symbolic link?); git-theta keeps its "
-                "temporary files only in a real directory: remove it and retry"
-            )
+        """The directory for temporary files. The first call in a process creates it,
+        checks it and removes stale temporaries. Raises UnsafeFileError when it is a
+        symlink or not a directory: git-theta never makes it one, so someone else did."""
         if self.tmp not in _swept:
+            os.makedirs(self.tmp, exist_ok=True)
+            if not stat.S_ISDIR(os.lstat(self.tmp).st_mode):
+                raise UnsafeFileError(
+                    f"{self.tmp} is not a directory (a symbolic link?); git-theta keeps its "
+                    "temporary files only in a real directory: remove it and retry"
+                )
             _swept.add(self.tmp)
             with contextlib.suppress(OSError):  # a sweep that fails must not fail a write
                 remove_stale_temporaries(self.tmp)
         return self.tmp
 
     def _temp_file(self) -> TempFile:
-        """A new temporary in tmp_dir(), named with our pid so a sweep can tell it is ours."""
-        return TempFile(self.tmp_dir(), f"{TMP_PREFIX}{os.getpid()}-")
+        """A new temporary in tmp_dir(), named with our pid so a sweep can tell it is ours
+        (TempFile opens the directory without following a symlink, on every call)."""
+        prefix = f"{TMP_PREFIX}{os.getpid()}-"
+        try:
+            return TempFile(self.tmp_dir(), prefix)
+        except FileNotFoundError:  # removed while we ran (a prune of git-lfs's?): again
+            _swept.discard(self.tmp)
+            return TempFile(self.tmp_dir(), prefix)
 
     def path(self, oid: str) -> str:
         """Return where the object ``oid`` lives (git-lfs's ``aa/bb/oid`` layout)."""
