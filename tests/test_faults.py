@@ -41,7 +41,7 @@ def objects(repo: Path) -> Path:
 
 
 def write(repo: Path, version: int, branch: str = "main") -> str:
-    (repo / MODEL).write_bytes(model_bytes(5, branch, version, shrink=2))  # 1.8 MB
+    (repo / MODEL).write_bytes(model_bytes(5, branch, version, shrink=4))  # 1.3 MB
     return sha256(repo / MODEL)
 
 

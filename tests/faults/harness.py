@@ -341,8 +341,9 @@ def manifest_oids(manifest: bytes) -> set[str]:
 
 
 def temporaries(repo: Path) -> list[str]:
-    """Files a command leaves only when it did not finish: anything under .git/lfs/tmp
-    and git-theta's `*.theta-tmp*` files beside work-tree files, hooks and attributes."""
+    """Files a command leaves only when it did not finish: anything under .git/lfs/tmp,
+    and git-theta's temporaries beside the files it replaces (work-tree checkpoints,
+    hooks, attributes: `.NAME.theta-*`, `NAME.theta-tmp*`)."""
     git_dir = repo / ".git"
     found = []
     tmp = git_dir / "lfs" / "tmp"
@@ -350,10 +351,9 @@ def temporaries(repo: Path) -> list[str]:
         if path.is_file():
             found.append(str(path.relative_to(repo)))
     for base in (repo, git_dir / "hooks"):
-        for path in base.glob("*theta-tmp*"):
-            found.append(str(path.relative_to(repo)))
-        for path in base.glob(".*theta-tmp*"):
-            found.append(str(path.relative_to(repo)))
+        for path in base.iterdir() if base.is_dir() else []:
+            if ".theta-" in path.name:
+                found.append(str(path.relative_to(repo)))
     return sorted(set(found))
 
 

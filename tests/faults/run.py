@@ -44,7 +44,7 @@ from faults.scenarios import (
 )
 from faults.world import TYPICAL, World
 
-DISK_MB = 160  # the small file system of the disk-full faults
+DISK_MB = 256  # the small file system of the disk-full faults
 
 
 def final_check(world: World, ctx: Context) -> Fault:

@@ -219,12 +219,14 @@ def _ahead(world: World, remote: str) -> None:
 
 
 def remote_objects(world: World, remote: str, server: LfsServer | None) -> dict[str, Path]:
+    """oid -> file of every object the remote's LFS store holds for this world."""
     if remote == "file":
         root = world.remotes["file"] / "lfs" / "objects"
-    else:
-        assert server is not None
-        root = server.storage
-    return {p.name: p for p in root.rglob("*") if p.is_file()} if root.exists() else {}
+        return {p.name: p for p in root.rglob("*") if p.is_file()} if root.exists() else {}
+    assert server is not None  # giftless keeps STORAGE/ORG/REPO/OID; the repo is the world
+    ours = {f"world{world.number}", f"world{world.number}.git"}
+    found = server.storage.rglob("*") if server.storage.exists() else []
+    return {p.name: p for p in found if p.is_file() and p.parent.name in ours}
 
 
 def check_remote(world: World, fault: Fault, remote: str, server: LfsServer | None) -> None:

@@ -12,9 +12,9 @@ from st_files import st_bytes
 
 from faults.harness import MODEL, Done, Ledger, corrupt_objects, rmtree, run, sha256_file
 
-# ~7 MB: big enough that an add or a checkout takes a few tenths of a second (room for a
-# kill to land inside it), small enough for hundreds of faults.
-SHAPES = {"w0": (768, 768), "w1": (768, 768), "w2": (512, 768)}
+# ~20 MB: big enough that an add or a checkout spends a few tenths of a second writing
+# objects or the file (room for a kill to land inside), small enough for hundreds.
+SHAPES = {"w0": (768, 768), "w1": (1536, 2048), "w2": (512, 768)}
 EMB = (1024, 512)
 
 
