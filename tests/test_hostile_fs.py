@@ -26,7 +26,7 @@ from st_files import f32, st_from_arrays
 import git_theta
 from git_theta import __version__
 from git_theta.commands.errors import report
-from git_theta.store import DEAD_WRITER_GRACE
+from git_theta.files import DEAD_WRITER_GRACE
 
 SHAPES = {"emb": (256, 64), "head": (64, 16)}  # ~70 KB of float32
 BIG = {"w": (512, 512)}  # 1 MiB of float32: more than the small file systems below hold
@@ -502,7 +502,7 @@ def killed_writer_temporary(repo: Path) -> Path:
 
 def test_the_next_add_removes_a_killed_writers_temporary(repo: Path) -> None:
     stale = killed_writer_temporary(repo)
-    live = stale.with_name(f"theta-{os.getpid()}-live")  # a writer still running: kept
+    live = stale.with_name(f"theta-{os.getpid()}-{'0' * 16}")  # a writer still running: kept
     live.write_bytes(b"")
     theirs = stale.with_name("lfs-object-tmp")  # git-lfs's: not ours to judge
     theirs.write_bytes(b"")
@@ -521,21 +521,56 @@ def test_prune_removes_a_killed_writers_temporary(repo: Path) -> None:
     assert stale.exists()
     done = run(repo, "git", "theta", "prune")
 
-    tmp = repo / ".git" / "lfs" / "tmp"
     assert dry.stderr.decode().splitlines()[-1] == (
-        "git-theta: would remove 1 temporary files of killed git-theta processes (0.1 MB) "
-        f"from {tmp}"
+        "git-theta: would remove 1 temporary files of killed git-theta processes (0.1 MB)"
     )
     assert done.stderr.decode().splitlines()[-1] == (
-        f"git-theta: removed 1 temporary files of killed git-theta processes (0.1 MB) from {tmp}"
+        "git-theta: removed 1 temporary files of killed git-theta processes (0.1 MB)"
     )
     assert not stale.exists()
+
+
+def dead_pid() -> int:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def aged(path: Path, data: bytes = b"partial") -> Path:
+    path.write_bytes(data)
+    then = time.time() - DEAD_WRITER_GRACE - 1
+    os.utime(path, (then, then))
+    return path
+
+
+def test_temporaries_of_a_killed_checkout_are_removed(repo: Path) -> None:
+    sha = write_model(repo)
+    git(repo, "add", "model.safetensors")
+    git(repo, "commit", "-q", "-m", "model")
+    (repo / "sub").mkdir()
+    (repo / "sub" / "model.safetensors").write_bytes((repo / "model.safetensors").read_bytes())
+    git(repo, "add", "sub/model.safetensors")
+    pid = dead_pid()
+    beside = aged(repo / f".model.safetensors.theta-{pid}-{'a' * 16}")
+    deeper = aged(repo / "sub" / f".model.safetensors.theta-{pid}-{'b' * 16}")
+    users = aged(repo / f".notes.theta-{pid}-mine")  # looks alike, is not ours: kept
+
+    # The next write of that file removes its own stale temporary; prune the others.
+    assert run(repo, "git", "theta", "checkout", "--force", "model.safetensors").returncode == 0
+    assert not beside.exists() and deeper.exists()
+    done = run(repo, "git", "theta", "prune")
+
+    assert done.stderr.decode().splitlines()[-1] == (
+        "git-theta: removed 1 temporary files of killed git-theta processes (0.0 MB)"
+    )
+    assert not deeper.exists() and users.exists()
+    assert sha256(repo / "model.safetensors") == sha
 
 
 def test_a_temporary_untouched_for_a_day_is_removed_whatever_its_pid(repo: Path) -> None:
     tmp = repo / ".git" / "lfs" / "tmp"
     tmp.mkdir(parents=True)
-    old = tmp / f"theta-{os.getpid()}-old"  # a live pid, perhaps reused
+    old = tmp / f"theta-{os.getpid()}-{'0' * 16}"  # a live pid, perhaps reused
     old.write_bytes(b"x")
     aged = time.time() - 2 * 86400
     os.utime(old, (aged, aged))

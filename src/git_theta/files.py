@@ -11,8 +11,8 @@ where a checkpoint should be, a device behind a settings file. So:
   out as symlinks), and never blocks on a FIFO;
 - logs live in a private per-user directory.
 
-Imports stay at os, stat, errno (and contextlib, which the store has loaded already):
-the filter imports this module at start.
+Imports stay at os, stat, errno, time (and contextlib, which the store has loaded
+already): the filter imports this module at start.
 """
 
 from __future__ import annotations
@@ -21,12 +21,13 @@ import contextlib
 import errno
 import os
 import stat
+import time
 from typing import IO, TYPE_CHECKING, BinaryIO
 
 from git_theta.errors import ThetaError
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
     from types import TracebackType
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -37,6 +38,13 @@ _WRONG_KIND = (errno.ELOOP, errno.ENOTDIR, errno.ENXIO, errno.EOPNOTSUPP)
 # errnos of a failed write that name no file of their own: the writer adds its path.
 _WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)
 LOG_CAP = 1 << 20  # an error log over this is started afresh: it keeps recent failures
+# A temporary (``...theta-PID-RANDOM``) is stale when its process is gone and it was
+# untouched this long (a writer touches it continuously; the wait spares one whose pid
+# lives in another pid namespace or on another host sharing the directory), or when
+# untouched for a day whatever its pid (which may have been reused).
+DEAD_WRITER_GRACE = 60.0
+STALE_AGE = 86400.0
+_HEX = frozenset("0123456789abcdef")
 
 
 class UnsafeFileError(ThetaError, OSError):
@@ -125,7 +133,8 @@ def open_dir(path: str, within: str | None = None) -> int:
 
 
 class TempFile:
-    """A new file in ``directory``, created exclusively under an unguessable name, that
+    """A new file in ``directory``, created exclusively under an unguessable name
+    (``PREFIXPID-RANDOM``: the pid tells a sweep whether its writer lives), that
     becomes a real file only by ``commit``. As a context manager it is removed on exit
     unless committed; an OSError leaving the block is made to name the file.
 
@@ -157,7 +166,7 @@ class TempFile:
 
     def _create(self, prefix: str, mode: int) -> tuple[str, int]:
         for _ in range(16):  # a clash of 64 random bits is a hostile name or a broken RNG
-            name = f"{prefix}{os.urandom(8).hex()}"
+            name = f"{prefix}{os.getpid()}-{os.urandom(8).hex()}"
             try:
                 return name, os.open(name, _CREATE_FLAGS, mode, dir_fd=self.dir_fd)
             except FileExistsError:
@@ -229,8 +238,9 @@ class AtomicWriter:
     """``with AtomicWriter(dest) as fh:`` write ``fh``; on a clean exit ``dest`` is replaced
     in one rename, on any failure it is untouched and the temporary removed.
 
-    The temporary (``.NAME.theta-RANDOM``) is made in ``dest``'s directory, reached as
-    ``open_dir`` says (pass ``within`` as the work tree's top). ``mode`` None keeps the
+    The temporary (``.NAME.theta-PID-RANDOM``) is made in ``dest``'s directory, reached as
+    ``open_dir`` says (pass ``within`` as the work tree's top); stale ones of the same
+    destination (a killed writer's) are removed first. ``mode`` None keeps the
     permission bits of the file it replaces (the umask's default for a new one).
     Raises UnsafeFileError when ``dest`` or its directory is not what it should be.
     """
@@ -251,9 +261,10 @@ class AtomicWriter:
             st = _lstat(os.path.join(self._directory, self._name))
             if st is not None and stat.S_ISREG(st.st_mode):
                 mode = stat.S_IMODE(st.st_mode)
-        self._tmp = TempFile(
-            self._directory, f".{self._name[:200]}.theta-", self._within, mode, label=self.dest
-        )
+        prefix = f".{self._name[:200]}.theta-"
+        self._tmp = TempFile(self._directory, prefix, self._within, mode, label=self.dest)
+        with contextlib.suppress(OSError):  # a sweep that fails must not fail the write
+            remove_stale(self._tmp.dir_fd, lambda name: name.startswith(prefix))
         return self._tmp.file
 
     def __exit__(
@@ -281,6 +292,63 @@ def atomic_write(
     with AtomicWriter(dest, mode, within) as fh:
         for part in [data] if isinstance(data, bytes | bytearray | memoryview) else data:
             fh.write(part)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, as another user's
+        return True
+    return True
+
+
+def writer_pid(name: str) -> int | None:
+    """The pid in the name of a temporary TempFile made (``theta-PID-RANDOM``, after
+    ``.NAME.`` in a work tree), or None when ``name`` is not one."""
+    before, sep, tail = name.rpartition("theta-")
+    pid, _, rand = tail.partition("-")
+    if not sep or not pid.isdigit() or not rand:
+        return None
+    if before:  # in a work tree only our exact form: a user's file may look alike
+        exact = before.endswith(".") and len(rand) == 16 and set(rand) <= _HEX
+        return int(pid) if exact else None
+    return int(pid)  # in the store's tmp, also an older version's theta-PID-TID-N
+
+
+def remove_stale(
+    directory: str | int, ours: Callable[[str], bool], dry_run: bool = False
+) -> tuple[int, int]:
+    """Remove the stale temporaries (see DEAD_WRITER_GRACE) in ``directory`` (a path or a
+    descriptor) whose names ``ours`` accepts and ``writer_pid`` reads; return how many
+    and their bytes. Only regular files are touched."""
+    now = time.time()
+    count = size = 0
+    dir_fd = directory if isinstance(directory, int) else None
+    with os.scandir(directory) as entries:
+        found = [entry for entry in entries if ours(entry.name)]
+    for entry in found:
+        pid = writer_pid(entry.name)
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        age = now - st.st_mtime
+        if pid is None or not stat.S_ISREG(st.st_mode) or age < DEAD_WRITER_GRACE:
+            continue
+        if age < STALE_AGE and _alive(pid):
+            continue
+        if not dry_run:
+            try:
+                os.unlink(entry.name if dir_fd is not None else entry.path, dir_fd=dir_fd)
+            except FileNotFoundError:
+                continue
+        count += 1
+        size += st.st_size
+    return count, size
 
 
 def open_regular(path: str | os.PathLike[str]) -> BinaryIO:

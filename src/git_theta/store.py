@@ -13,12 +13,11 @@ import hashlib
 import mmap
 import os
 import stat
-import time
 from collections.abc import Iterable
 from typing import BinaryIO, NamedTuple
 
 from git_theta.errors import ObjectCorruptError, ObjectMissingError
-from git_theta.files import TempFile, UnsafeFileError, open_regular
+from git_theta.files import TempFile, UnsafeFileError, open_regular, remove_stale
 
 # What ``read``/``get`` return: bytes, or a read-only mapping of the object's file. Both
 # slice to bytes and give memoryviews.
@@ -26,58 +25,16 @@ ObjectBytes = bytes | mmap.mmap
 
 _COPY_CHUNK = 8 << 20
 TMP_PREFIX = "theta-"
-# A temporary is stale when its process is gone and it was untouched this long (a writer
-# touches it continuously; the wait spares one whose pid lives in another pid namespace
-# or on another host sharing the directory), or when untouched for a day whatever its pid
-# (the pid may have been reused).
-DEAD_WRITER_GRACE = 60.0
-STALE_AGE = 86400.0
 _swept: set[str] = set()  # tmp directories this process has swept
 
 
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, as another user
-        return True
-    return True
-
-
 def remove_stale_temporaries(directory: str, dry_run: bool = False) -> tuple[int, int]:
-    """Remove the ``theta-PID-...`` temporaries in ``directory`` that are stale (see
-    DEAD_WRITER_GRACE); return how many and their bytes. Nothing else is touched, git-lfs's
-    own temporaries included."""
-    now = time.time()
-    count = size = 0
+    """Remove the stale ``theta-PID-...`` temporaries (files.remove_stale) in the store's
+    tmp ``directory``; return how many and their bytes. git-lfs's own are not touched."""
     try:
-        entries = list(os.scandir(directory))
+        return remove_stale(directory, lambda name: name.startswith(TMP_PREFIX), dry_run)
     except (FileNotFoundError, NotADirectoryError):
         return 0, 0
-    for entry in entries:
-        fields = entry.name.split("-")
-        if not entry.name.startswith(TMP_PREFIX) or len(fields) < 3 or not fields[1].isdigit():
-            continue
-        try:
-            st = entry.stat(follow_symlinks=False)
-        except FileNotFoundError:
-            continue
-        age = now - st.st_mtime
-        if not stat.S_ISREG(st.st_mode) or age < DEAD_WRITER_GRACE:
-            continue
-        if age < STALE_AGE and _alive(int(fields[1])):
-            continue
-        if not dry_run:
-            try:
-                os.unlink(entry.path)
-            except FileNotFoundError:
-                continue
-        count += 1
-        size += st.st_size
-    return count, size
 
 
 class ObjectRef(NamedTuple):
@@ -115,12 +72,11 @@ class ObjectStore:
     def _temp_file(self) -> TempFile:
         """A new temporary in tmp_dir(), named with our pid so a sweep can tell it is ours
         (TempFile opens the directory without following a symlink, on every call)."""
-        prefix = f"{TMP_PREFIX}{os.getpid()}-"
         try:
-            return TempFile(self.tmp_dir(), prefix)
+            return TempFile(self.tmp_dir(), TMP_PREFIX)
         except FileNotFoundError:  # removed while we ran (a prune of git-lfs's?): again
             _swept.discard(self.tmp)
-            return TempFile(self.tmp_dir(), prefix)
+            return TempFile(self.tmp_dir(), TMP_PREFIX)
 
     def path(self, oid: str) -> str:
         """Return where the object ``oid`` lives (git-lfs's ``aa/bb/oid`` layout)."""

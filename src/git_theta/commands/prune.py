@@ -12,9 +12,10 @@ import sys
 import time
 from pathlib import Path
 
+from git_theta import git
 from git_theta.codec import MAGIC as DENSE
 from git_theta.commands.remote import needed_by
-from git_theta.files import UnsafeFileError, open_regular
+from git_theta.files import UnsafeFileError, open_dir, open_regular, remove_stale
 from git_theta.history import manifests_between, manifests_in_index
 from git_theta.repo import Repo
 from git_theta.store import remove_stale_temporaries
@@ -24,13 +25,20 @@ from git_theta.updates.sparse import MAGIC as SPARSE
 GRACE = 3600  # seconds: never delete objects this new (an add may be writing its manifest)
 
 
+def _written_beside(name: str) -> bool:
+    """Whether ``name`` may be an AtomicWriter's temporary (``.NAME.theta-PID-RANDOM``)."""
+    return name.startswith(".") and ".theta-" in name
+
+
 def prune(dry_run: bool) -> int:
     """Delete unreferenced git-theta objects; return 0. Prints what it did."""
     repo = Repo()
     # --indexed-objects covers the index of every worktree, not just this one.
     everything = ["--all", "--reflog", "--indexed-objects"]
     keep = {ref.oid for ref in needed_by(manifests_between(everything, []))}
-    keep |= {ref.oid for ref in needed_by(manifests_in_index())}
+    top = str(git.toplevel())
+    staged = manifests_in_index(top)
+    keep |= {ref.oid for ref in needed_by(staged)}
     now = time.time()
     count = size = 0
     root = Path(repo.store.root)
@@ -54,10 +62,23 @@ def prune(dry_run: bool) -> int:
         f"kept {len(keep)} referenced\n"
     )
     stale, stale_size = remove_stale_temporaries(repo.store.tmp, dry_run)
+    # Beside the files checkout, track and the merge driver replace: the top, and every
+    # directory with a staged checkpoint.
+    for directory in {top} | {os.path.join(top, os.path.dirname(p)) for p, _ in staged}:
+        try:
+            fd = open_dir(directory, within=top)
+        except OSError:
+            continue  # gone, or reached through a symlink: nothing of ours is there
+        try:
+            count_here, size_here = remove_stale(fd, _written_beside, dry_run)
+        finally:
+            os.close(fd)
+        stale += count_here
+        stale_size += size_here
     if stale:
         verb = "would remove" if dry_run else "removed"
         sys.stderr.write(
             f"git-theta: {verb} {stale} temporary files of killed git-theta processes "
-            f"({stale_size / 1e6:.1f} MB) from {repo.store.tmp}\n"
+            f"({stale_size / 1e6:.1f} MB)\n"
         )
     return 0
