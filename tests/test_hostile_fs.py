@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import errno
 import os
+import re
 import resource
 import shutil
 import signal
@@ -52,10 +53,12 @@ def run(
     *argv: str,
     env: dict[str, str] | None = None,
     preexec: Callable[[], None] | None = None,
+    input: bytes | None = None,
 ) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(
         list(argv),
         cwd=cwd,
+        input=input,
         capture_output=True,
         env={**os.environ, **(env or {})},
         preexec_fn=preexec,
@@ -442,13 +445,59 @@ def test_os_errors_are_one_line_naming_the_file(
     assert capsys.readouterr().err == f"git-theta: error: model.safetensors: {line}\n"
 
 
-def test_git_dying_mid_file_ends_the_filter_in_one_line(repo: Path) -> None:
-    def pkt(text: str) -> bytes:
-        return b"%04x" % (len(text) + 5) + text.encode() + b"\n"
+def pkt(text: str) -> bytes:
+    return b"%04x" % (len(text) + 5) + text.encode() + b"\n"
 
+
+HANDSHAKE = (
+    pkt("git-filter-client") + pkt("version=2") + b"0000"
+    + pkt("capability=clean") + pkt("capability=smudge") + b"0000"
+)  # fmt: skip
+
+
+def clean_request(path: str, content: bytes) -> bytes:
+    out = pkt("command=clean") + pkt(f"pathname={path}") + b"0000"
+    for start in range(0, len(content), 65516):
+        part = content[start : start + 65516]
+        out += b"%04x" % (len(part) + 4) + part
+    return out + b"0000"
+
+
+def test_an_os_error_fails_that_file_only_and_the_filter_serves_on(repo: Path) -> None:
+    big = st_from_arrays(f32(BIG, 1))
+    small = st_from_arrays(f32({"b": (16,)}, 2))
     request = (
-        pkt("git-filter-client") + pkt("version=2") + b"0000"
-        + pkt("capability=clean") + pkt("capability=smudge") + b"0000"
+        HANDSHAKE + clean_request("big.safetensors", big) + clean_request("s.safetensors", small)
+    )
+    done = run(repo, "git-theta", "filter-process", preexec=_limit_file_size, input=request)
+
+    assert done.returncode == 0
+    answers = re.findall(rb"status=(\w+)", done.stdout)
+    assert answers == [b"error", b"success"]  # the second file's content follows its status
+    lines = theta_lines(done)
+    assert len(lines) == 1 and lines[0].startswith(
+        "git-theta: error: big.safetensors: file too large for this process's size limit"
+    )
+
+
+def test_git_closing_our_output_ends_the_filter_in_one_line(repo: Path) -> None:
+    filter_process = subprocess.Popen(
+        ["git-theta", "filter-process"],
+        cwd=repo,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert filter_process.stdout is not None
+    filter_process.stdout.close()  # git is gone: nobody reads what the filter answers
+    _, err = filter_process.communicate(HANDSHAKE, timeout=TIMEOUT)
+    assert filter_process.returncode == 1
+    assert err == b"git-theta: error: git closed the filter's pipes (was it killed?); stopped\n"
+
+
+def test_git_dying_mid_file_ends_the_filter_in_one_line(repo: Path) -> None:
+    request = (
+        HANDSHAKE
         + pkt("command=clean") + pkt("pathname=model.safetensors") + b"0000"
         + b"0104" + b"\0" * 100  # a packet of 256 bytes, cut after 100: git was killed
     )  # fmt: skip
