@@ -782,3 +782,20 @@ def test_every_file_write_goes_through_files_py() -> None:
 def test_the_scan_sees_each_way_to_write(source: str) -> None:
     assert len(list(_writes("any.py", ast.parse(source)))) == 1
     assert list(_writes("any.py", ast.parse('s.replace("a", "b"); open(p); store.open(ref)'))) == []
+
+
+def test_a_reader_that_quit_is_silent_and_exits_1(tmp_path: Path) -> None:
+    code = (
+        "import sys\nfrom git_theta.commands.errors import report\n"
+        "try:\n    print('x' * 1_000_000)\nexcept BrokenPipeError as exc:\n"
+        "    raise SystemExit(report(exc))\n"
+    )
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # `git theta diff | head`, once head has had enough
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code], stdout=write_end, stderr=subprocess.PIPE, timeout=TIMEOUT
+        )
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (1, b"")

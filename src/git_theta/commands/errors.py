@@ -69,21 +69,22 @@ def os_error_line(exc: OSError) -> str | None:
 
 
 def _stdout_is_broken() -> bool:
-    """True when stdout is the pipe that closed (its flush fails): then it is pointed at
-    /dev/null, so the interpreter's own flush at exit stays quiet."""
+    """True when stdout is a pipe whose reader is gone (poll says POLLERR); it is then
+    pointed at /dev/null, so the interpreter's own flush at exit stays quiet."""
+    import select
+
     try:
-        sys.stdout.flush()
-    except (BrokenPipeError, ValueError):
-        try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        broken = any(events & select.POLLERR for _, events in poller.poll(0))
+        if broken:
             devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
+            os.dup2(devnull, fd)
             os.close(devnull)
-        except (OSError, ValueError):
-            pass
-        return True
-    except OSError:
+    except (OSError, ValueError, AttributeError):  # no real stdout: cannot be that pipe
         return False
-    return False
+    return broken
 
 
 def _log_traceback(exc: BaseException) -> str:
