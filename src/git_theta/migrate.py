@@ -1,0 +1,985 @@
+"""History rewrites between Git LFS and git-theta (``git theta migrate import|export``).
+
+Import: in every commit of the chosen refs, the root .gitattributes is rewritten first
+(matching patterns get ``filter=theta``), then every file git would run our filter on is
+made a manifest: an LFS pointer's object, or a raw blob, is cleaned with that path's
+manifest in the rewritten first parent as ``previous``, so each version is stored as a
+change on the one before. Export is the way back: each manifest is rebuilt into a Git
+LFS object and replaced by the pointer git-lfs itself writes; the attribute lines go
+back to ``filter=lfs``, so exporting an imported LFS history gives its commits back.
+
+Which paths a commit converts is asked of git (``git check-attr`` on the rewritten
+.gitattributes), so it is exactly what git filters when that commit is checked out.
+Commits keep their raw headers and messages; only tree and parent lines change, and a
+signature is dropped (it no longer matches). A commit whose tree and parents come out the
+same keeps its id. Nothing a user sees changes before every object is written: refs then
+move in one ``git update-ref --stdin`` transaction (their reflogs keep the old tips), and
+the checked-out branch's index is refreshed in place of rewriting its files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from typing import IO, NamedTuple
+
+from git_theta import git, lfs_pointer
+from git_theta.clean import clean
+from git_theta.commands.track import OURS, update_attributes
+from git_theta.errors import ObjectCorruptError, ThetaError
+from git_theta.history import MAX_MANIFEST
+from git_theta.manifest import Manifest, is_manifest, parse
+from git_theta.proc import Helper, run, start
+from git_theta.protocol.filter_process import Sink
+from git_theta.repo import Repo
+from git_theta.smudge import needed_objects, write_checkpoint
+from git_theta.store import ObjectRef, ObjectStore
+from git_theta.transfer import POINTER
+
+# File names whose Git LFS lines an import takes over when no --include is given.
+CHECKPOINT_SUFFIXES = (
+    ".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".npz", ".npy", ".gguf", ".msgpack", ".h5",
+)  # fmt: skip
+LFS_ATTRS = ("filter=lfs", "diff=lfs", "merge=lfs", "-text")
+ATTRIBUTES_CAP = 16 << 20  # a larger .gitattributes is refused (nobody writes 16 MB by hand)
+MESSAGE = "git theta migrate {mode}"
+
+_TREE = b"40000"
+_REGULAR = (b"100644", b"100755", b"100664")  # 100664: written by very old gits
+_SIGNATURE_HEADERS = (b"gpgsig", b"gpgsig-sha256")
+_SIGNATURE_STARTS = (
+    b"-----BEGIN PGP SIGNATURE-----",
+    b"-----BEGIN PGP MESSAGE-----",
+    b"-----BEGIN SSH SIGNATURE-----",
+    b"-----BEGIN SIGNED MESSAGE-----",
+)
+_READERS_OPEN = 8  # `git check-attr` processes kept running (one per .gitattributes text)
+
+
+class MigrateError(ThetaError):
+    """A history cannot be rewritten as asked; nothing was changed."""
+
+
+class Result(NamedTuple):
+    """What a migration did: commits rewritten, distinct checkpoint versions converted,
+    their bytes before and after (objects each needs, counted once), refs moved (name,
+    old, new), and the refs left alone because every commit of theirs is on a remote."""
+
+    commits: int
+    versions: int
+    before: int
+    after: int
+    refs: list[tuple[str, str, str]]
+    on_remote: list[str]
+
+
+class _Entry(NamedTuple):
+    mode: bytes
+    name: bytes
+    oid: str
+
+
+class _Side(NamedTuple):
+    """A parent commit's view of one directory: its tree there before and after the
+    rewrite, and the key of the rules it was rewritten with (None: left as it was)."""
+
+    orig: str | None
+    new: str | None
+    key: str | None
+
+
+class _AtParent(NamedTuple):
+    """A path's entry in one parent, before and after that parent's rewrite."""
+
+    old: _Entry | None
+    new: _Entry | None
+    rewritten: bool  # False: a parent outside the rewrite (on a remote), left as it was
+
+
+class _Rules(NamedTuple):
+    """One commit's rules: its root .gitattributes blob before and after the rewrite."""
+
+    key: str
+    old: str | None
+    new: str | None
+
+    @property
+    def attributes(self) -> str | None:
+        """The blob to put at the root, None: leave the entry as it is."""
+        return self.new if self.new != self.old else None
+
+
+# ---------------------------------------------------------------------------------------
+# git plumbing: one reader, one writer per object type, one attribute reader per text
+
+
+def _pipes(proc: Helper) -> tuple[IO[bytes], IO[bytes]]:
+    assert proc.stdin is not None and proc.stdout is not None
+    return proc.stdin, proc.stdout
+
+
+def _stop(proc: Helper) -> None:
+    """Close a helper's pipes and wait for it (it sees EOF, or EPIPE if mid-answer)."""
+    for stream in (proc.stdin, proc.stdout):
+        if stream is not None:
+            with contextlib.suppress(OSError):
+                stream.close()
+    proc.wait()
+
+
+class _Objects:
+    """Reads objects through one ``git cat-file --batch-command`` and writes them through
+    one ``git hash-object --stdin-paths`` per type (a process per object would cost more
+    than the rewrite of a whole commit)."""
+
+    def __init__(self, scratch: str):
+        self._scratch = os.path.join(scratch, "object")
+        self._reader = start("git", *git.NO_FILTER, "cat-file", "--batch-command")
+        self._writers: dict[str, Helper] = {}
+        self.oid_bytes = (
+            32 if git.git("rev-parse", "--show-object-format").strip() == b"sha256" else 20
+        )
+
+    def _ask(self, command: str, oid: str) -> list[bytes]:
+        inp, out = _pipes(self._reader)
+        inp.write(f"{command} {oid}\n".encode())
+        inp.flush()
+        header = out.readline().split()
+        if len(header) != 3:
+            raise MigrateError(f"object {oid} is missing from the repository: run `git fsck`")
+        return header
+
+    def info(self, oid: str) -> tuple[str, int]:
+        """Return the type and size of ``oid``."""
+        header = self._ask("info", oid)
+        return header[1].decode(), int(header[2])
+
+    def read(self, oid: str) -> tuple[str, bytes]:
+        """Return the type and content of ``oid`` (commits, trees, small blobs only)."""
+        header = self._ask("contents", oid)
+        _, out = _pipes(self._reader)
+        data = out.read(int(header[2]))
+        out.read(1)  # the newline after the content
+        return header[1].decode(), data
+
+    def write(self, kind: str, data: bytes) -> str:
+        """Store ``data`` as an object of ``kind``; return its id."""
+        if kind not in self._writers:
+            literally = () if kind == "blob" else ("--literally",)  # keep odd old objects
+            self._writers[kind] = start(
+                "git", *git.NO_FILTER, "hash-object", "-w", "-t", kind, *literally,
+                "--no-filters", "--stdin-paths",
+            )  # fmt: skip
+        with open(self._scratch, "wb") as fh:
+            fh.write(data)
+        inp, out = _pipes(self._writers[kind])
+        inp.write(os.fsencode(self._scratch) + b"\n")
+        inp.flush()
+        oid = out.readline().strip().decode()
+        if not oid:
+            raise MigrateError(f"git could not write a {kind} object: see its message above")
+        return oid
+
+    @contextlib.contextmanager
+    def stream(self, oid: str) -> Iterator[io.BufferedReader]:
+        """Yield the content of blob ``oid`` as a stream (checkpoints never sit in memory)."""
+        proc = start("git", *git.NO_FILTER, "cat-file", "blob", oid)
+        _, out = _pipes(proc)
+        assert isinstance(out, io.BufferedReader)
+        try:
+            yield out
+            while out.read(1 << 20):
+                pass
+        finally:
+            _stop(proc)
+
+    def close(self) -> None:
+        for proc in [self._reader, *self._writers.values()]:
+            _stop(proc)
+
+
+class _AttributeReader:
+    """Which filter git gives each path under one root .gitattributes, from git itself:
+    ``git check-attr --cached`` over a scratch index that holds only that file."""
+
+    def __init__(self, blob: str, index: str):
+        self._env = dict(os.environ, GIT_INDEX_FILE=index)
+        run("git", *git.NO_FILTER, "update-index", "--index-info", env=self._env,
+            stdin=f"100644 blob {blob}\t.gitattributes\n".encode())  # fmt: skip
+        self._proc: Helper | None = None
+        self._buffer = bytearray()
+        self._memo: dict[bytes, str] = {}
+
+    def filter_of(self, path: bytes) -> str:
+        """Return the ``filter`` attribute of ``path`` ('unspecified' when none)."""
+        if path not in self._memo:
+            if self._proc is None:
+                # The user's own attributes file is no part of history: left out.
+                self._proc = start(
+                    "git", "-c", "core.attributesFile=/dev/null", "check-attr", "--stdin",
+                    "-z", "--cached", "filter", env=self._env,
+                )  # fmt: skip
+            inp, out = _pipes(self._proc)
+            assert isinstance(out, io.BufferedReader)
+            inp.write(path + b"\0")
+            inp.flush()
+            while self._buffer.count(b"\0") < 3:
+                more = out.read1(1 << 16)
+                if not more:
+                    raise MigrateError("`git check-attr` stopped answering: see its message above")
+                self._buffer += more
+            fields = bytes(self._buffer).split(b"\0", 3)
+            self._buffer = bytearray(fields[3])
+            self._memo[path] = fields[2].decode(errors="replace")
+        return self._memo[path]
+
+    def close(self) -> None:
+        if self._proc is not None:
+            _stop(self._proc)
+            self._proc = None
+
+
+class _Verified:
+    """A Git LFS object read as a stream, its sha256 and size checked at the end."""
+
+    def __init__(self, fh: io.BufferedReader, ref: ObjectRef):
+        self._fh = fh
+        self._ref = ref
+        self._digest = hashlib.sha256()
+        self._size = 0
+
+    def read(self, n: int = -1, /) -> bytes:
+        data = self._fh.read(n)
+        self._digest.update(data)
+        self._size += len(data)
+        return data
+
+    def readinto(self, out: memoryview, /) -> int:
+        got = self._fh.readinto(out)
+        self._digest.update(out[:got])
+        self._size += got
+        return got
+
+    def check(self) -> None:
+        """Raise ObjectCorruptError unless the whole object had the bytes its oid names."""
+        while self.read(1 << 20):
+            pass
+        if self._size != self._ref.size or self._digest.hexdigest() != self._ref.oid:
+            raise ObjectCorruptError(
+                f"Git LFS object {self._ref.oid} is corrupt (its sha256 does not match)"
+            )
+
+
+class _Collect:
+    """A sink keeping what is written (a manifest: small)."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def write(self, data: bytes | bytearray | memoryview, /) -> int:
+        self.data += data
+        return len(data)
+
+
+class _HashingSink:
+    """Writes to a file, hashing as it goes (a Git LFS object being made)."""
+
+    def __init__(self, fh: IO[bytes]):
+        self._fh = fh
+        self.digest = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes | bytearray | memoryview, /) -> int:
+        self.digest.update(data)
+        self._fh.write(data)
+        self.size += len(data)
+        return len(data)
+
+
+# ---------------------------------------------------------------------------------------
+# raw objects
+
+
+def _parse_tree(raw: bytes, oid_bytes: int) -> list[_Entry]:
+    entries = []
+    pos = 0
+    while pos < len(raw):
+        space = raw.index(b" ", pos)
+        nul = raw.index(b"\0", space)
+        end = nul + 1 + oid_bytes
+        entries.append(_Entry(raw[pos:space], raw[space + 1 : nul], raw[nul + 1 : end].hex()))
+        pos = end
+    return entries
+
+
+def _tree_bytes(entries: list[_Entry]) -> bytes:
+    return b"".join(e.mode + b" " + e.name + b"\0" + bytes.fromhex(e.oid) for e in entries)
+
+
+def _insert_sorted(entries: list[_Entry], entry: _Entry) -> list[_Entry]:
+    """Insert a blob entry where git's tree order puts it (a tree sorts as NAME/)."""
+
+    def key(e: _Entry) -> bytes:
+        return e.name + (b"/" if e.mode == _TREE else b"")
+
+    at = next((i for i, e in enumerate(entries) if key(e) > entry.name), len(entries))
+    return [*entries[:at], entry, *entries[at:]]
+
+
+def _split_header(raw: bytes) -> tuple[list[bytes], bytes]:
+    """Split a commit or tag into header lines (continuations joined to their header)
+    and the rest (the blank line and message, exactly as they were)."""
+    end = raw.find(b"\n\n")
+    head, rest = (raw, b"") if end < 0 else (raw[:end], raw[end:])
+    lines: list[bytes] = []
+    for line in head.split(b"\n"):
+        if line.startswith(b" ") and lines:
+            lines[-1] += b"\n" + line
+        else:
+            lines.append(line)
+    return lines, rest
+
+
+def _header(lines: list[bytes], name: bytes) -> list[str]:
+    return [ln[len(name) + 1 :].decode() for ln in lines if ln.startswith(name + b" ")]
+
+
+def _unsigned(lines: list[bytes]) -> list[bytes]:
+    return [ln for ln in lines if ln.split(b" ", 1)[0] not in _SIGNATURE_HEADERS]
+
+
+def _new_commit(raw: bytes, tree: str, parents: list[str]) -> bytes:
+    lines, rest = _split_header(raw)
+    out: list[bytes] = []
+    for line in _unsigned(lines):
+        field = line.split(b" ", 1)[0]
+        if field == b"tree":
+            out.append(b"tree " + tree.encode())
+        elif field == b"parent":
+            if not any(ln.startswith(b"parent ") for ln in out):
+                out.extend(b"parent " + p.encode() for p in parents)
+        else:
+            out.append(line)
+    return b"\n".join(out) + rest
+
+
+def _new_tag(raw: bytes, target: str) -> bytes:
+    lines, rest = _split_header(raw)
+    out = [b"object " + target.encode() if ln.startswith(b"object ") else ln for ln in lines]
+    for start_line in _SIGNATURE_STARTS:  # a signature is the message's last lines
+        at = rest.rfind(b"\n" + start_line)
+        if at >= 0:
+            rest = rest[: at + 1]
+    return b"\n".join(_unsigned(out)) + rest
+
+
+# ---------------------------------------------------------------------------------------
+# .gitattributes
+
+
+def _lines(text: str) -> list[str]:
+    """Split as git does, on LF only, each line keeping its ending."""
+    parts = text.split("\n")
+    lines = [p + "\n" for p in parts[:-1]]
+    return [*lines, parts[-1]] if parts[-1] else lines
+
+
+def _fields(line: str) -> list[str]:
+    return line.rstrip("\n").rstrip("\r").split()
+
+
+def _checkpoint_lfs_patterns(text: str) -> list[str]:
+    """The patterns Git LFS tracks in ``text`` that name checkpoint files."""
+    found = []
+    for line in _lines(text):
+        fields = _fields(line)
+        if len(fields) > 1 and "filter=lfs" in fields[1:]:
+            name = fields[0].rsplit("/", 1)[-1]
+            if name.endswith(CHECKPOINT_SUFFIXES) and fields[0] not in found:
+                found.append(fields[0])
+    return found
+
+
+def _theta_patterns(text: str) -> list[str]:
+    found = []
+    for line in _lines(text):
+        fields = _fields(line)
+        if len(fields) > 1 and "filter=theta" in fields[1:] and fields[0] not in found:
+            found.append(fields[0])
+    return found
+
+
+def _to_theta(body: str, pattern: str) -> str:
+    return update_attributes(body, pattern).rstrip("\n")
+
+
+def _to_lfs(body: str, pattern: str) -> str:
+    # The exact inverse of _to_theta on the line `git lfs track` writes.
+    theta = _to_theta(body, pattern)
+    return theta.removesuffix(" ".join(OURS)) + " ".join(LFS_ATTRS)
+
+
+def rewrite_attributes(text: str | None, patterns: list[str], to: str) -> str | None:
+    """Return .gitattributes ``text`` (None: no file) with each of ``patterns`` routed
+    ``to`` 'theta' or 'lfs'; with no patterns, every Git LFS checkpoint line (to theta)
+    or every git-theta line (to lfs). Lines are rewritten in place, their endings and
+    every other line kept; a given pattern with no line of its own gets one at the end.
+    """
+    explicit = bool(patterns)
+    if not explicit:
+        if text is None:
+            return None
+        patterns = _checkpoint_lfs_patterns(text) if to == "theta" else _theta_patterns(text)
+    lines = _lines(text or "")
+    for pattern in patterns:
+        found = False
+        for i, line in enumerate(lines):
+            fields = _fields(line)
+            if not fields or fields[0] != pattern:
+                continue
+            found = True
+            body = line.rstrip("\n").rstrip("\r")
+            routed = "filter=theta" in fields[1:]
+            if to == "theta" and not routed:
+                lines[i] = _to_theta(body, pattern) + line[len(body) :]
+            elif to == "lfs" and routed:
+                lines[i] = _to_lfs(body, pattern) + line[len(body) :]
+        if explicit and not found:
+            if lines and not lines[-1].endswith("\n"):
+                lines[-1] += "\n"
+            attrs = OURS if to == "theta" else LFS_ATTRS
+            lines.append(" ".join([pattern, *attrs]) + "\n")
+    new = "".join(lines)
+    return None if text is None and not new else new
+
+
+# ---------------------------------------------------------------------------------------
+# the rewrite
+
+
+class _Rewriter:
+    """Rewrites commits in topological order; subclasses say which files and how."""
+
+    to = ""
+
+    def __init__(self, patterns: list[str], scratch: str):
+        self.patterns = patterns
+        self.scratch = scratch
+        self.objects = _Objects(scratch)
+        self.repo = Repo()
+        self.lfs = ObjectStore(git.lfs_storage_dir())
+        self.commit_map: dict[str, str] = {}
+        self.current = ""  # the commit being rewritten, for messages
+        self._done: dict[str, tuple[str, str, str]] = {}  # commit -> orig, new tree, key
+        self._trees: dict[str, list[_Entry]] = {}
+        self._tree_memo: dict[tuple[object, ...], str] = {}
+        self._rules: dict[str | None, _Rules] = {}  # by the original .gitattributes blob
+        self._readers: dict[str, _AttributeReader] = {}
+        self._open: list[_AttributeReader] = []
+
+    def close(self) -> None:
+        for reader in self._readers.values():
+            reader.close()
+        self.objects.close()
+        self.repo.close()
+
+    # -- to be provided: which paths, and how each blob changes
+
+    def selected(self, rules: _Rules, path: bytes) -> bool:
+        raise NotImplementedError
+
+    def convert(self, oid: str, path: bytes, parents: list[_AtParent]) -> str:
+        raise NotImplementedError
+
+    def stats(self) -> tuple[int, int, int]:
+        """(versions, bytes before, bytes after)."""
+        raise NotImplementedError
+
+    # -- shared
+
+    def fail(self, path: bytes, exc: BaseException) -> MigrateError:
+        where = f"{os.fsdecode(path)} in commit {self.current[:12]}"
+        return MigrateError(f"{where}: {exc}; nothing was changed")
+
+    def entries(self, tree: str) -> list[_Entry]:
+        if tree not in self._trees:
+            if len(self._trees) > 50_000:
+                self._trees.clear()
+            self._trees[tree] = _parse_tree(self.objects.read(tree)[1], self.objects.oid_bytes)
+        return self._trees[tree]
+
+    def entry_map(self, tree: str | None) -> dict[bytes, _Entry]:
+        return {} if tree is None else {e.name: e for e in self.entries(tree)}
+
+    def filter_of(self, blob: str | None, path: bytes) -> str:
+        """The filter git gives ``path`` under the root .gitattributes ``blob``."""
+        if blob is None:
+            return "unspecified"
+        reader = self._readers.get(blob)
+        if reader is None:
+            index = os.path.join(self.scratch, f"attributes-{len(self._readers)}.index")
+            reader = self._readers[blob] = _AttributeReader(blob, index)
+        if reader in self._open:
+            self._open.remove(reader)
+        self._open.append(reader)
+        while len(self._open) > _READERS_OPEN:  # answers stay memoised; a process restarts
+            self._open.pop(0).close()
+        return reader.filter_of(path)
+
+    def rules(self, tree: str) -> _Rules:
+        """The rules of a commit whose root tree is ``tree`` (one per .gitattributes)."""
+        found = [e for e in self.entries(tree) if e.name == b".gitattributes"]
+        if found and found[0].mode not in _REGULAR:  # a symlink or directory: git ignores it
+            return _Rules("none", None, None)
+        oid = found[0].oid if found else None
+        if oid not in self._rules:
+            text = None
+            if oid is not None:
+                _, size = self.objects.info(oid)
+                if size > ATTRIBUTES_CAP:
+                    raise MigrateError(
+                        f".gitattributes in commit {self.current[:12]} is over "
+                        f"{ATTRIBUTES_CAP:,} bytes; refused"
+                    )
+                text = self.objects.read(oid)[1].decode(errors="surrogateescape")
+            new_text = rewrite_attributes(text, self.patterns, self.to)
+            new = oid
+            if new_text != text:
+                assert new_text is not None
+                new = self.objects.write("blob", new_text.encode(errors="surrogateescape"))
+            self._rules[oid] = _Rules(f"{oid}>{new}", oid, new)
+        return self._rules[oid]
+
+    def new_tip(self, oid: str, kind: str) -> str:
+        """What a ref holding ``oid`` (a commit, or an annotated tag) moves to."""
+        if kind == "commit":
+            return self.commit_map.get(oid, oid)
+        if kind != "tag":
+            return oid  # a tag of a tree or blob: nothing of ours in it
+        _, raw = self.objects.read(oid)
+        lines = _split_header(raw)[0]
+        target, target_kind = _header(lines, b"object")[0], _header(lines, b"type")[0]
+        new = self.new_tip(target, target_kind)
+        return oid if new == target else self.objects.write("tag", _new_tag(raw, new))
+
+    def side(self, parent: str) -> _Side:
+        if parent in self._done:
+            orig, new, key = self._done[parent]
+            return _Side(orig, new, key)
+        _, raw = self.objects.read(parent)
+        tree = _header(_split_header(raw)[0], b"tree")[0]
+        return _Side(tree, tree, None)  # outside the rewrite (on a remote): left as it is
+
+    def rewrite_commit(self, oid: str, parents: list[str]) -> str:
+        """Rewrite one commit (its parents done already); return its new id."""
+        self.current = oid
+        _, raw = self.objects.read(oid)
+        tree = _header(_split_header(raw)[0], b"tree")[0]
+        rules = self.rules(tree)
+        new_tree = self.tree(tree, b"", rules, [self.side(p) for p in parents])
+        new_parents = [self.commit_map.get(p, p) for p in parents]
+        self._done[oid] = (tree, new_tree, rules.key)
+        if new_tree == tree and new_parents == parents:
+            new = oid  # nothing to change: the same commit, signature and all
+        else:
+            new = self.objects.write("commit", _new_commit(raw, new_tree, new_parents))
+        self.commit_map[oid] = new
+        return new
+
+    def tree(self, tree: str, prefix: bytes, rules: _Rules, sides: list[_Side]) -> str:
+        """Return the rewritten ``tree`` (at ``prefix``): a parent's result when it had
+        this very tree under the same rules, else entry by entry."""
+        for side in sides:
+            if side.key == rules.key and side.orig == tree and side.new is not None:
+                return side.new
+        memo = (tree, prefix, rules.key, tuple(s.new for s in sides))
+        if memo in self._tree_memo:
+            return self._tree_memo[memo]
+        maps = [(self.entry_map(s.orig), self.entry_map(s.new), s.key) for s in sides]
+        out: list[_Entry] = []
+        has_attributes = False
+        for entry in self.entries(tree):
+            path = prefix + entry.name
+            new = entry.oid
+            if entry.mode == _TREE:
+                below = [
+                    _Side(_subtree(old.get(entry.name)), _subtree(now.get(entry.name)), key)
+                    for old, now, key in maps
+                ]
+                new = self.tree(entry.oid, path + b"/", rules, below)
+            elif not prefix and entry.name == b".gitattributes":
+                has_attributes = True
+                if rules.attributes is not None:
+                    new = rules.attributes
+            elif entry.mode in _REGULAR and self.selected(rules, path):
+                at_parents = [
+                    _AtParent(old.get(entry.name), now.get(entry.name), key is not None)
+                    for old, now, key in maps
+                ]
+                new = self.convert(entry.oid, path, at_parents)
+            out.append(entry._replace(oid=new))
+        if not prefix and not has_attributes and rules.attributes is not None:
+            out = _insert_sorted(out, _Entry(b"100644", b".gitattributes", rules.attributes))
+        changed = len(out) != len(self.entries(tree)) or any(
+            a.oid != b.oid for a, b in zip(out, self.entries(tree), strict=True)
+        )
+        result = self.objects.write("tree", _tree_bytes(out)) if changed else tree
+        if len(self._tree_memo) > 200_000:
+            self._tree_memo.clear()
+        self._tree_memo[memo] = result
+        return result
+
+
+def _subtree(entry: _Entry | None) -> str | None:
+    return entry.oid if entry is not None and entry.mode == _TREE else None
+
+
+class _Importer(_Rewriter):
+    """LFS pointers and raw checkpoint blobs -> manifests."""
+
+    to = "theta"
+
+    def __init__(self, patterns: list[str], scratch: str):
+        super().__init__(patterns, scratch)
+        self._converted: dict[tuple[str, bytes, str | None], str] = {}
+        self._manifests: set[str] = set()  # blobs known to be manifests (our results)
+        self._parsed: dict[str, Manifest] = {}
+        self._sources: dict[str, int] = {}  # converted blob -> bytes it stood for
+
+    def selected(self, rules: _Rules, path: bytes) -> bool:
+        return self.filter_of(rules.new, path) == "theta"
+
+    def convert(self, oid: str, path: bytes, parents: list[_AtParent]) -> str:
+        # The previous version: from a parent that had this very blob first (its result
+        # is then reused as is), else from the first parent that has the path.
+        ordered = sorted(parents, key=lambda p: not (p.old is not None and p.old.oid == oid))
+        previous = None
+        for old, new, rewritten in ordered:
+            if not rewritten:  # a parent left as it was: its version, converted
+                if old is not None and old.mode in _REGULAR:
+                    with contextlib.suppress(ThetaError):
+                        previous = self.blob(old.oid, path, None)
+            elif new is not None and new.oid in self._manifests:
+                previous = new.oid
+            if previous is not None:
+                break
+        return self.blob(oid, path, previous)
+
+    def manifest(self, oid: str) -> Manifest:
+        if oid not in self._parsed:
+            if len(self._parsed) > 256:
+                self._parsed.clear()
+            self._parsed[oid] = parse(self.objects.read(oid)[1])
+        return self._parsed[oid]
+
+    def blob(self, oid: str, path: bytes, previous: str | None) -> str:
+        """Return the manifest blob for blob ``oid`` at ``path``, stored as a change on
+        the manifest blob ``previous``."""
+        key = (oid, path, previous)
+        if key in self._converted:
+            return self._converted[key]
+        _, size = self.objects.info(oid)
+        pointer = None
+        if size <= lfs_pointer.MAX_POINTER:
+            data = self.objects.read(oid)[1]
+            if is_manifest(data):
+                self._manifests.add(oid)
+                return oid
+            pointer = lfs_pointer.parse(data)
+        sink = _Collect()
+        name = os.fsdecode(path)
+        try:
+            prev = self.manifest(previous) if previous is not None else None
+            if pointer is not None:
+                with self.lfs_object(pointer) as source:
+                    clean(source, sink, name, self.repo.store, prev, show_progress=False)
+                    source.check()
+            else:
+                with self.objects.stream(oid) as stream:
+                    clean(stream, sink, name, self.repo.store, prev, show_progress=False)
+        except ThetaError as exc:
+            raise self.fail(path, exc) from None
+        new = self.objects.write("blob", bytes(sink.data))
+        self._manifests.add(new)
+        if new != oid:
+            self._sources[oid] = pointer.size if pointer is not None else size
+        self._converted[key] = new
+        self._converted[(oid, path, new)] = new  # cleaned again on top of itself: the same
+        return new
+
+    @contextlib.contextmanager
+    def lfs_object(self, ref: ObjectRef) -> Iterator[_Verified]:
+        if not self.lfs.has(ref):
+            self.repo.downloader.fetch([ref])
+        try:
+            fh = open(self.lfs.path(ref.oid), "rb")  # noqa: SIM115 - closed below
+        except FileNotFoundError:
+            raise MigrateError(
+                f"Git LFS object {ref.oid} is not local and could not be downloaded: "
+                "fetch it (`git lfs fetch --all`) and migrate again"
+            ) from None
+        with fh:
+            yield _Verified(fh, ref)
+
+    def stats(self) -> tuple[int, int, int]:
+        refs: dict[str, int] = {}
+        for oid in {v for k, v in self._converted.items() if k[0] != v}:
+            for _, ref in needed_objects(self.manifest(oid)):
+                refs[ref.oid] = ref.size
+        return len(self._sources), sum(self._sources.values()), sum(refs.values())
+
+
+class _Exporter(_Rewriter):
+    """Manifests (and raw blobs at git-theta paths) -> Git LFS pointers."""
+
+    to = "lfs"
+
+    def __init__(self, patterns: list[str], scratch: str):
+        super().__init__(patterns, scratch)
+        self._converted: dict[str, str] = {}
+        self._before: dict[str, int] = {}  # content objects the exported manifests need
+        self._after: dict[str, int] = {}  # the Git LFS objects made
+        self._versions = 0
+
+    def selected(self, rules: _Rules, path: bytes) -> bool:
+        return (
+            self.filter_of(rules.new, path) == "lfs" and self.filter_of(rules.old, path) == "theta"
+        )
+
+    def convert(self, oid: str, path: bytes, parents: list[_AtParent]) -> str:
+        if oid not in self._converted:
+            try:
+                self._converted[oid] = self.blob(oid, path)
+            except ThetaError as exc:
+                raise self.fail(path, exc) from None
+        return self._converted[oid]
+
+    def blob(self, oid: str, path: bytes) -> str:
+        with self.objects.stream(oid) as stream:
+            head = stream.read(lfs_pointer.MAX_POINTER + 1)
+            if lfs_pointer.parse(head) is not None:
+                return oid  # an older LFS version: stays as it is
+            if is_manifest(head):
+                manifest = parse(head + stream.read(MAX_MANIFEST))
+                for _, ref in needed_objects(manifest):
+                    self._before[ref.oid] = ref.size
+                self._versions += 1
+                ref = self.put_lfs(
+                    lambda sink: write_checkpoint(
+                        manifest, sink, os.fsdecode(path), self.repo.store, False,
+                        self.repo.downloader.fetch,
+                    )
+                )  # fmt: skip
+            else:  # committed raw where git-theta was to clean it: stored as it is
+
+                def copy(sink: Sink) -> None:
+                    sink.write(head)
+                    while chunk := stream.read(1 << 20):
+                        sink.write(chunk)
+
+                ref = self.put_lfs(copy)
+                self._versions += 1
+        self._after[ref.oid] = ref.size
+        return self.objects.write("blob", POINTER.format(oid=ref.oid, size=ref.size).encode())
+
+    def put_lfs(self, fill: Callable[[Sink], None]) -> ObjectRef:
+        """Store what ``fill`` writes as a Git LFS object (temporary name, then renamed);
+        return its reference."""
+        fd, tmp = tempfile.mkstemp(prefix=f"theta-{os.getpid()}-", dir=self.lfs.tmp_dir())
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                sink = _HashingSink(fh)
+                fill(sink)
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
+            ref = ObjectRef(sink.digest.hexdigest(), sink.size)
+            final = self.lfs.path(ref.oid)
+            if self.lfs.has(ref):
+                os.unlink(tmp)
+            else:
+                os.makedirs(os.path.dirname(final), exist_ok=True)
+                os.replace(tmp, final)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        return ref
+
+    def stats(self) -> tuple[int, int, int]:
+        return self._versions, sum(self._before.values()), sum(self._after.values())
+
+
+# ---------------------------------------------------------------------------------------
+# refs, the work tree, and the whole
+
+
+def _refs(names: list[str], everything: bool) -> list[tuple[str, str, str]]:
+    """Return (refname, object id, object type) of each ref to migrate: the current
+    branch, the named branches and tags, or every local branch and tag.
+
+    Raises MigrateError for a name that is no local branch or tag, a detached HEAD, or a
+    branch without commits.
+    """
+    out = git.git("for-each-ref", "--format=%(objectname) %(objecttype) %(refname)",
+              "refs/heads/", "refs/tags/")  # fmt: skip
+    local: dict[str, tuple[str, str]] = {}
+    for line in os.fsdecode(out).splitlines():
+        oid, kind, name = line.split(" ", 2)
+        local[name] = (oid, kind)
+    if everything:
+        wanted = list(local)
+    elif names:
+        wanted = []
+        for name in names:
+            full = name if name in local else ""
+            if not full:
+                done = run("git", "rev-parse", "--symbolic-full-name", name, check=False)
+                full = os.fsdecode(done.stdout).strip()
+            if full not in local:
+                raise MigrateError(f"{name} is not a local branch or tag")
+            wanted.append(full)
+    else:
+        done = run("git", "symbolic-ref", "-q", "HEAD", check=False)
+        head = os.fsdecode(done.stdout).strip()
+        if not head:
+            raise MigrateError(
+                "HEAD is detached: name the branches or tags to migrate, or use --everything"
+            )
+        if head not in local:
+            raise MigrateError(f"{head} has no commits yet: nothing to migrate")
+        wanted = [head]
+    return [(name, *local[name]) for name in dict.fromkeys(wanted)]
+
+
+def _commits(tips: list[str], everything: bool) -> list[list[str]]:
+    """Each commit to rewrite followed by its parents, parents before children. Unless
+    ``everything``, commits a remote has are left out, as `git lfs migrate` does."""
+    if not tips:
+        return []
+    exclude = [] if everything else ["--not", "--remotes"]
+    out = git.git("rev-list", "--topo-order", "--reverse", "--parents", *tips, *exclude, "--")
+    return [line.split() for line in out.decode().splitlines()]
+
+
+def require_clean_work_tree() -> None:
+    """Raise MigrateError when the work tree or index has changes (untracked files are
+    fine: no rewritten commit changes them)."""
+    # With our filters: a checkpoint whose file was only touched is not a change.
+    done = run("git", "status", "--porcelain", "--untracked-files=no")
+    if done.stdout.strip():
+        raise MigrateError(
+            "the work tree has uncommitted changes: commit or stash them, "
+            "then run `git theta migrate` again"
+        )
+
+
+def _refresh_work_tree(top: str) -> None:
+    """Point the index at the rewritten HEAD and make `git status` agree with the files
+    as they are: their bytes are the same, only how git stores them changed. Files git
+    still sees as different (a checkout that skipped smudging) are checked out."""
+    git.git("read-tree", "HEAD", cwd=top)
+    if run("git", "cat-file", "-e", "HEAD:.gitattributes", check=False).returncode == 0:
+        git.git("checkout-index", "-f", "--", ".gitattributes", cwd=top)
+    # Our filter (or git-lfs's) cleans each file again; the result is the staged blob.
+    run("git", "update-index", "-q", "--refresh", check=False, cwd=top)
+    stale = run("git", "diff-files", "--name-only", "-z", cwd=top).stdout
+    if stale.strip(b"\0"):
+        run("git", "checkout-index", "-f", "-z", "--stdin", stdin=stale, cwd=top)
+
+
+def _update_refs(updates: list[tuple[str, str, str]], mode: str) -> None:
+    """Move every ref at once, each only if it still holds what we read."""
+    commands = [b"start\0"]
+    for name, old, new in updates:
+        commands.append(f"update {name}\0{new}\0{old}\0".encode())
+    commands.append(b"prepare\0commit\0")
+    git.git("update-ref", "-m", MESSAGE.format(mode=mode), "--stdin", "-z",
+        stdin=b"".join(commands))  # fmt: skip
+
+
+class _Progress:
+    """ "migrating: N/M commits" on a terminal, for histories that take a while."""
+
+    def __init__(self, total: int):
+        from git_theta.progress import enabled
+
+        self.total = total
+        self.show = enabled()
+        self.start = self.last = time.monotonic()
+        self.printed = False
+
+    def step(self, done: int) -> None:
+        now = time.monotonic()
+        if self.show and now - self.start > 1.0 and now - self.last > 0.2:
+            self.last = now
+            self.printed = True
+            sys.stderr.write(f"\rgit-theta: migrating: {done}/{self.total} commits")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.printed:
+            sys.stderr.write(f"\rgit-theta: migrating: {self.total}/{self.total} commits\n")
+
+
+def migrate(mode: str, patterns: list[str], names: list[str], everything: bool) -> Result:
+    """Rewrite the history of the chosen refs, ``mode`` 'import' (Git LFS and raw blobs to
+    git-theta) or 'export' (git-theta to Git LFS); return what was done.
+
+    Raises MigrateError (nothing changed) for a dirty work tree, a ref that is not local,
+    a file that cannot be converted or an object that cannot be found; NotSetUpError when
+    the filter the result needs is not configured.
+    """
+    from git_theta.setup_check import require_filter
+
+    if mode == "import":
+        require_filter()
+    elif not (git.config_get("filter.lfs.process") or git.config_get("filter.lfs.clean")):
+        raise MigrateError(
+            "git-lfs's filter is not configured, so the exported files would not check out: "
+            "run `git lfs install` first"
+        )
+    bare = git.git("rev-parse", "--is-bare-repository").strip() == b"true"
+    if not bare:
+        require_clean_work_tree()
+    refs = _refs(names, everything)
+    commits = _commits(sorted({oid for _, oid, _ in refs}), everything)
+    with tempfile.TemporaryDirectory(prefix="theta-migrate-", dir=git.common_dir()) as scratch:
+        rewriter = (_Importer if mode == "import" else _Exporter)(patterns, scratch)
+        try:
+            progress = _Progress(len(commits))
+            for done, (oid, *parents) in enumerate(commits, 1):
+                rewriter.rewrite_commit(oid, parents)
+                progress.step(done)
+            progress.close()
+            updates = []
+            for name, oid, kind in refs:
+                new = rewriter.new_tip(oid, kind)
+                if new != oid:
+                    updates.append((name, oid, new))
+            versions, before, after = rewriter.stats()
+        finally:
+            rewriter.close()
+    on_remote = []
+    if not everything and not commits and refs:
+        on_remote = [name for name, _, _ in refs]
+    if updates:
+        _update_refs(updates, mode)
+        head = os.fsdecode(run("git", "symbolic-ref", "-q", "HEAD", check=False).stdout).strip()
+        if not bare and head in {name for name, _, _ in updates}:
+            _refresh_work_tree(str(git.toplevel()))
+    if mode == "import":
+        from git_theta.hooks import HooksElsewhereError, install_hooks
+
+        try:
+            install_hooks()
+        except HooksElsewhereError as exc:
+            sys.stderr.write(f"git-theta: warning: {exc}\n")
+    rewritten = sum(1 for old, new in rewriter.commit_map.items() if old != new)
+    return Result(rewritten, versions, before, after, updates, on_remote)
