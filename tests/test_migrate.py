@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -203,8 +204,9 @@ def test_import_then_export_gives_back_the_lfs_history(
         assert blob(hf, f"{c}:README.md") == blob(hf, f"{before[subject]}:README.md")
     # Each version is a change on the one before: untouched tensors keep their objects,
     # a changed one is an update on its previous value.
-    v2, ft1 = manifest(hf, f"{after['v2']}:model.safetensors"), manifest(
-        hf, f"{after['ft1']}:model.safetensors"
+    v2, ft1 = (
+        manifest(hf, f"{after['v2']}:model.safetensors"),
+        manifest(hf, f"{after['ft1']}:model.safetensors"),
     )
     assert v2["emb"]["chain"] == ft1["emb"]["chain"]
     assert v2["l0.w"]["chain"] == ft1["l0.w"]["chain"]
@@ -309,3 +311,46 @@ def test_a_raw_checkpoint_blob_in_history_is_imported(
         assert files == but_attributes(expected[subject])
     git(repo, "checkout", "-q", "main")
     assert status(repo) == ""
+
+
+def test_a_clone_rewrites_published_history_only_when_asked(
+    hf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", f"file://{hf}", str(clone))
+    monkeypatch.chdir(clone)
+    before = refs(clone)
+    expected = {s: committed_files(clone, c) for s, c in commits(clone).items()}
+    capsys.readouterr()
+    assert main(["migrate", "import"]) == 0
+    assert capsys.readouterr().err == (
+        "git-theta: every commit of refs/heads/main is on a remote already: to rewrite "
+        "published history, run again with --everything (then push --force)\n"
+    )
+    assert refs(clone) == before
+
+    # Old versions' LFS objects were never checked out here: they come from the remote,
+    # and one the remote lost fails the whole migration, changing nothing.
+    ft1 = blob(clone, "origin/finetune~:model.safetensors").split(b"sha256:")[1][:64].decode()
+    assert not list((clone / ".git/lfs/objects").rglob(ft1))
+    (hf / ".git/lfs").rename(hf / ".git/lfs-away")
+    assert main(["migrate", "import", "--everything"]) == 1
+    line = capsys.readouterr().err
+    assert re.fullmatch(
+        r"git-theta: error: model\.safetensors in commit [0-9a-f]{12}: Git LFS object [0-9a-f]{64} "
+        r"is not local and could not be downloaded: fetch it \(`git lfs fetch --all`\) and "
+        r"migrate again; nothing was changed\n",
+        line,
+    ), line
+    assert refs(clone) == before
+    shutil.rmtree(hf / ".git/lfs")  # git-lfs made its directory again meanwhile
+    (hf / ".git/lfs-away").rename(hf / ".git/lfs")
+
+    assert main(["migrate", "import", "--everything"]) == 0
+    assert summary(capsys.readouterr().err)[:2] == (7, 7)
+    assert refs(clone)["refs/remotes/origin/main"] == before["refs/remotes/origin/main"]
+    assert refs(clone)["refs/heads/main"] != before["refs/heads/main"]
+    for subject, c in commits(clone).items():
+        if c not in before.values():  # the remote's refs still hold the old history
+            files = but_attributes(checked_out_files(clone, c))
+            assert files == but_attributes(expected[subject]), subject

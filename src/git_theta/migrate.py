@@ -32,7 +32,7 @@ from typing import IO, NamedTuple
 from git_theta import git, lfs_pointer
 from git_theta.clean import clean
 from git_theta.commands.track import OURS, update_attributes
-from git_theta.errors import ObjectCorruptError, ThetaError
+from git_theta.errors import CheckpointError, ObjectCorruptError, ThetaError
 from git_theta.history import MAX_MANIFEST
 from git_theta.manifest import Manifest, is_manifest, parse
 from git_theta.proc import Helper, run, start
@@ -505,7 +505,10 @@ class _Rewriter:
 
     def fail(self, path: bytes, exc: BaseException) -> MigrateError:
         where = f"{os.fsdecode(path)} in commit {self.current[:12]}"
-        return MigrateError(f"{where}: {exc}; nothing was changed")
+        hint = "nothing was changed"
+        if isinstance(exc, CheckpointError) and not self.patterns:
+            hint += " (to keep such files in Git LFS, name the checkpoints with --include)"
+        return MigrateError(f"{where}: {exc}; {hint}")
 
     def entries(self, tree: str) -> list[_Entry]:
         if tree not in self._trees:
@@ -883,15 +886,30 @@ def require_clean_work_tree() -> None:
 def _refresh_work_tree(top: str) -> None:
     """Point the index at the rewritten HEAD and make `git status` agree with the files
     as they are: their bytes are the same, only how git stores them changed. Files git
-    still sees as different (a checkout that skipped smudging) are checked out."""
-    git.git("read-tree", "HEAD", cwd=top)
-    if run("git", "cat-file", "-e", "HEAD:.gitattributes", check=False).returncode == 0:
-        git.git("checkout-index", "-f", "--", ".gitattributes", cwd=top)
-    # Our filter (or git-lfs's) cleans each file again; the result is the staged blob.
-    run("git", "update-index", "-q", "--refresh", check=False, cwd=top)
-    stale = run("git", "diff-files", "--name-only", "-z", cwd=top).stdout
-    if stale.strip(b"\0"):
-        run("git", "checkout-index", "-f", "-z", "--stdin", stdin=stale, cwd=top)
+    still sees as different (a checkout that skipped smudging) are checked out.
+
+    Raises MigrateError saying how to recover when git fails (the refs have moved).
+    """
+    from git_theta.errors import CommandError
+
+    try:
+        # -m keeps the stat data of unchanged entries, so only converted files are
+        # cleaned again; it checks the others are up to date, through the filters the
+        # old index was made with (the work tree's .gitattributes is still the old one).
+        if run("git", "read-tree", "-m", "HEAD", check=False, cwd=top).returncode != 0:
+            git.git("read-tree", "HEAD", cwd=top)
+        if run("git", "cat-file", "-e", "HEAD:.gitattributes", check=False).returncode == 0:
+            git.git("checkout-index", "-f", "--", ".gitattributes", cwd=top)
+        # Our filter (or git-lfs's) cleans each file again; the result is the staged blob.
+        run("git", "update-index", "-q", "--refresh", check=False, cwd=top)
+        stale = run("git", "diff-files", "--name-only", "-z", cwd=top).stdout
+        if stale.strip(b"\0"):
+            run("git", "checkout-index", "-f", "-z", "--stdin", stdin=stale, cwd=top)
+    except CommandError as exc:
+        raise MigrateError(
+            f"history was rewritten, but the work tree could not be brought up to date "
+            f"({exc}): run `git reset --hard` to check out the rewritten HEAD"
+        ) from None
 
 
 def _update_refs(updates: list[tuple[str, str, str]], mode: str) -> None:
@@ -974,12 +992,12 @@ def migrate(mode: str, patterns: list[str], names: list[str], everything: bool) 
         head = os.fsdecode(run("git", "symbolic-ref", "-q", "HEAD", check=False).stdout).strip()
         if not bare and head in {name for name, _, _ in updates}:
             _refresh_work_tree(str(git.toplevel()))
-    if mode == "import":
-        from git_theta.hooks import HooksElsewhereError, install_hooks
+    if mode == "import":  # so that a push sends the new objects
+        from git_theta.hooks import install_hooks
 
         try:
             install_hooks()
-        except HooksElsewhereError as exc:
+        except ThetaError as exc:  # the history is rewritten by now: say it, do not fail
             sys.stderr.write(f"git-theta: warning: {exc}\n")
     rewritten = sum(1 for old, new in rewriter.commit_map.items() if old != new)
     return Result(rewritten, versions, before, after, updates, on_remote)
