@@ -575,6 +575,28 @@ def test_a_caller_with_another_nice_value_meets_a_server_of_its_own(
     assert f"{SERVED} {other.pid}" in again.stderr
 
 
+def test_a_caller_in_another_cgroup_namespace_meets_a_server_of_its_own(
+    repo: Path, servers: Path
+) -> None:
+    # What a cluster job's cgroup does (its work must stay in it), shown with a cgroup
+    # namespace, which needs no change to the machine's cgroup tree.
+    if subprocess.run(["unshare", "-C", "true"], capture_output=True).returncode != 0:
+        pytest.skip("cannot create a cgroup namespace here")
+    ours = start_server(servers)
+    (repo / "model.safetensors").write_bytes(st_from_arrays(f32(SHAPES, seed=33)))
+    done = subprocess.run(
+        ["unshare", "-C", "git", "add", "model.safetensors"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert SERVED not in done.stderr  # not ours: its worker would be in our namespace
+    others = [s for s in find_servers([str(servers)]) if s.pid != ours.pid]
+    assert len(others) == 1  # it started one of its own, in its namespace
+    assert os.readlink(f"/proc/{others[0].pid}/ns/cgroup") != os.readlink("/proc/self/ns/cgroup")
+
+
 def test_a_silent_client_does_not_hold_up_others(repo: Path, servers: Path) -> None:
     start_server(servers)
     path = str(sock_path(servers))
