@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: setup demo test lint bench bench-quick bench-large faults clean
+.PHONY: setup demo test lint bench bench-quick bench-large faults fuzz clean
 
 setup: $(VENV)/.installed
 
@@ -34,6 +34,11 @@ lint: setup
 
 test: lint
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q
+
+# >= 10,000 hostile files of every format and hostile manifests (docs/reliability.md);
+# FUZZ_ARGS="--cases 50000 --seed 7 --jobs 4" for more. CI runs 320 in tests/test_fuzz.py.
+fuzz: setup
+	cd tests && PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(CURDIR)/$(PY) -m hostile.runner $(FUZZ_ARGS)
 
 # zipnn needs torch: install the CPU build first so pip never picks another torch.
 $(VENV)/.bench: $(VENV)/.installed

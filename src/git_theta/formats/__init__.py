@@ -24,6 +24,7 @@ from git_theta.formats.base import (
     LimitExceeded,
     ReadExact,
     TensorSpan,
+    shown,
 )
 from git_theta.registry import Registry
 
@@ -143,11 +144,11 @@ def check_spans(
     seen: set[str] = set()
     for span in ordered:
         if span.name in seen:
-            raise CheckpointError(f"tensor {span.name!r} appears twice")
+            raise CheckpointError(f"tensor {shown(span.name)} appears twice")
         seen.add(span.name)
         if span.start < pos:
             raise CheckpointError(
-                f"header lies about offsets: tensor {span.name!r} overlaps "
+                f"header lies about offsets: tensor {shown(span.name)} overlaps "
                 "the header or another tensor"
             )
         pos = span.end
@@ -169,36 +170,36 @@ def _check_span(span: TensorSpan, size: int | None) -> None:
         and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
     ):
         raise CheckpointError(
-            f"tensor {name!r} has the shape {_brief(shape)}: a shape is at most {MAX_RANK} "
+            f"tensor {shown(name)} has the shape {_brief(shape)}: a shape is at most {MAX_RANK} "
             "non-negative integers"
         )
     count = 1
     for d in shape:
         count *= d
     if count > MAX_ELEMENTS or max(shape, default=0) > MAX_ELEMENTS:
-        raise LimitExceeded(f"tensor {name!r}'s element count", count, MAX_ELEMENTS)
+        raise LimitExceeded(f"tensor {shown(name)}'s element count", count, MAX_ELEMENTS)
     if not all(isinstance(x, int) and not isinstance(x, bool) for x in (start, end)) or not (
         0 <= start <= end
     ):
-        raise CheckpointError(f"tensor {name!r} has a bad byte range {_brief((start, end))}")
+        raise CheckpointError(f"tensor {shown(name)} has a bad byte range {_brief((start, end))}")
     if size is not None and end > size:
         raise CheckpointError(
-            f"tensor {name!r} ends at byte {end}, past the end of the file ({size} bytes)"
+            f"tensor {shown(name)} ends at byte {end}, past the end of the file ({size} bytes)"
         )
     length = end - start
     expected = expected_nbytes(dtype, shape)
     if expected == -1:
         raise CheckpointError(
-            f"tensor {name!r} of {dtype} {list(shape)} is not a whole number of blocks"
+            f"tensor {shown(name)} of {dtype} {list(shape)} is not a whole number of blocks"
         )
     if expected is not None and expected != length:
         raise CheckpointError(
-            f"header lies about tensor {name!r}: {dtype} {list(shape)} needs {expected} "
-            f"bytes but its data spans {length}"
+            f"header lies about tensor {shown(name)}: {dtype} {list(shape)} needs "
+            f"{expected} bytes but its data spans {length}"
         )
     # A type we do not know still has a whole, non-zero number of bytes per element.
     if expected is None and ((count == 0) != (length == 0) or (count and length % count)):
         raise CheckpointError(
-            f"header lies about tensor {name!r}: {length} bytes cannot hold {count} "
-            f"elements of {dtype}"
+            f"header lies about tensor {shown(name)}: {length} bytes cannot hold {count} "
+            f"elements of {shown(dtype)}"
         )

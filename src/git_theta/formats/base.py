@@ -24,6 +24,13 @@ MAX_HEADER_BYTES = 64 << 20  # bytes a streaming header may take (all of it is k
 ReadExact = Callable[[int], bytes]
 
 
+def shown(text: str) -> str:
+    """``text`` (a name or type from the file) quoted for a one-line message: escaped
+    like repr and cut to 80 characters."""
+    quoted = repr(text)
+    return quoted if len(quoted) <= 80 else quoted[:76] + "...'"
+
+
 class LimitExceeded(CheckpointError):
     """A file claims more than one of the parsing caps above allows.
 

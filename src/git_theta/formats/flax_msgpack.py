@@ -26,12 +26,13 @@ from git_theta.formats.base import (
     LimitExceeded,
     ReadExact,
     TensorSpan,
+    shown,
 )
 
 NDARRAY_EXT = 1  # flax's extension code for an ndarray (2 is a complex, 3 a numpy scalar)
 MAX_KEY = 1 << 16  # bytes in one key: a name, not data
-# msgpack values walked (~2 us each): an array leaf takes 8, so this is 4x MAX_TENSORS.
-MAX_VALUES = 32 * MAX_TENSORS
+# msgpack values walked (~2 us each): an array leaf takes 8, so this is 2x MAX_TENSORS.
+MAX_VALUES = 16 * MAX_TENSORS
 
 
 class _Truncated(CheckpointError):
@@ -142,7 +143,7 @@ class _Walker:
             else:
                 self.skip(self.ext_length)  # complex and numpy scalars stay glue
             if self.pos != end:
-                raise CheckpointError(f"Flax array {'/'.join(path)!r} is malformed")
+                raise CheckpointError(f"Flax array {shown('/'.join(path))} is malformed")
 
     def key(self) -> str:
         kind, n = self.head()
@@ -161,32 +162,32 @@ class _Walker:
         """Parse ``(shape, dtype name, bytes)`` inside an ndarray extension."""
         kind, n = self.head()
         if kind != "array" or n != 3:
-            raise CheckpointError(f"Flax array {name!r} is malformed")
+            raise CheckpointError(f"Flax array {shown(name)} is malformed")
         kind, rank = self.head()
         if kind != "array" or rank > 64:
-            raise CheckpointError(f"Flax array {name!r} has a malformed shape")
+            raise CheckpointError(f"Flax array {shown(name)} has a malformed shape")
         shape = []
         for _ in range(rank):
             kind, dim = self.head()
             if kind != "int" or dim < 0:
-                raise CheckpointError(f"Flax array {name!r} has a malformed shape")
+                raise CheckpointError(f"Flax array {shown(name)} has a malformed shape")
             shape.append(dim)
         kind, n = self.head()
         if kind != "str" or n > 64:
-            raise CheckpointError(f"Flax array {name!r} has a malformed dtype")
+            raise CheckpointError(f"Flax array {shown(name)} has a malformed dtype")
         dtype = from_numpy_name(self.take(n).decode("ascii", errors="replace"))
         kind, n = self.head()
         if kind != "bin" or self.pos + n > end:
-            raise CheckpointError(f"Flax array {name!r} is malformed")
+            raise CheckpointError(f"Flax array {shown(name)} is malformed")
         if len(self.spans) >= MAX_TENSORS:
             raise LimitExceeded("Flax msgpack array count", None, MAX_TENSORS)
         known = lookup(dtype)
         if known is not None and known.nbytes(tuple(shape)) != n:
             raise CheckpointError(
-                f"Flax array {name!r}: {n} bytes for shape {tuple(shape)} of {dtype}"
+                f"Flax array {shown(name)}: {n} bytes for shape {tuple(shape)} of {dtype}"
             )
         if known is None and n % max(1, math.prod(shape)):
-            raise CheckpointError(f"Flax array {name!r}: {n} bytes for shape {tuple(shape)}")
+            raise CheckpointError(f"Flax array {shown(name)}: {n} bytes for shape {tuple(shape)}")
         self.spans.append(TensorSpan(name, dtype, tuple(shape), self.pos, self.pos + n))
         self.skip(n)
 

@@ -20,6 +20,7 @@ from git_theta.formats.base import (
     LimitExceeded,
     ReadExact,
     TensorSpan,
+    shown,
 )
 
 # ggml type id -> our dtype name (block sizes of the quantized ones: dtypes.BLOCKS).
@@ -149,7 +150,7 @@ class GgufFormat(CheckpointFormat):
             tensor = name("tensor name")
             n_dims = u("<I")
             if n_dims > MAX_DIMS:
-                raise CheckpointError(f"GGUF tensor {tensor!r} has {n_dims} dimensions")
+                raise CheckpointError(f"GGUF tensor {shown(tensor)} has {n_dims} dimensions")
             dims = tuple(u("<Q") for _ in range(n_dims))
             kind, offset = u("<I"), u("<Q")
             infos.append((tensor, dims, kind, offset))
@@ -157,11 +158,13 @@ class GgufFormat(CheckpointFormat):
         spans = []
         for tensor, dims, kind, offset in infos:
             if kind not in GGML_TYPES:
-                raise CheckpointError(f"GGUF tensor {tensor!r} has unknown type {kind}")
+                raise CheckpointError(f"GGUF tensor {shown(tensor)} has unknown type {kind}")
             dtype = GGML_TYPES[kind]
             elements, size = BLOCKS.get(dtype) or (1, _PLAIN[dtype])
             if dims and dims[0] % elements:  # blocks run along the innermost dimension
-                raise CheckpointError(f"GGUF tensor {tensor!r} is not a whole number of blocks")
+                raise CheckpointError(
+                    f"GGUF tensor {shown(tensor)} is not a whole number of blocks"
+                )
             count = 1
             for d in dims:
                 count *= d

@@ -63,7 +63,9 @@ class Hdf5Format(CheckpointFormat):
             raise CheckpointError(f"HDF5 file could not be read: the HDF5 library crashed ({how})")
         if done.returncode != 0:
             lines = done.stderr.decode(errors="replace").strip().splitlines()
-            raise CheckpointError(f"HDF5 file is corrupt: {lines[-1] if lines else 'unreadable'}")
+            last = lines[-1][:200] if lines else "unreadable"  # h5py's words, maybe a name
+            printable = "".join(c if c.isprintable() else repr(c)[1:-1] for c in last)
+            raise CheckpointError(f"HDF5 file is corrupt: {printable}")
         try:
             rows = json.loads(done.stdout)
             return [TensorSpan(str(n), str(d), tuple(s), a, b) for n, d, s, a, b in rows]

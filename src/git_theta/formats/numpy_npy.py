@@ -59,8 +59,10 @@ class NpyFormat(CheckpointFormat):
             raise LimitExceeded(".npy header", len(text), MAX_HEADER, "characters")
         try:
             header = ast.literal_eval(text)
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as exc:
+        except (SyntaxError, MemoryError, RecursionError) as exc:
             raise CheckpointError(f".npy header is malformed: {_first_line(exc)}") from None
+        except (ValueError, TypeError):  # a name, a call: anything but a literal
+            raise CheckpointError(".npy header is not a Python literal") from None
         if not isinstance(header, dict) or set(header) != _KEYS:
             raise CheckpointError(".npy header is not a dict of descr, fortran_order, shape")
         shape = header["shape"]

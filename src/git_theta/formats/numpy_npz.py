@@ -9,7 +9,7 @@ import struct
 from typing import BinaryIO
 
 from git_theta.errors import CheckpointError
-from git_theta.formats.base import CheckpointFormat, ReadExact, TensorSpan
+from git_theta.formats.base import CheckpointFormat, ReadExact, TensorSpan, shown
 from git_theta.formats.numpy_npy import MAGIC, NpyFormat
 from git_theta.formats.zip_index import zip_data_start, zip_entries
 
@@ -38,7 +38,7 @@ class NpzFormat(CheckpointFormat):
             fh.seek(start)
             member = fh.read(min(length, 64 << 10))  # .npy headers are at most ~40 KB
             if not member.startswith(MAGIC):
-                raise CheckpointError(f"npz member {name} is not an .npy array")
+                raise CheckpointError(f"npz member {shown(name)} is not an .npy array")
             buffer = io.BytesIO(member)
 
             def read(n: int, buffer: io.BytesIO = buffer) -> bytes:
@@ -49,7 +49,7 @@ class NpzFormat(CheckpointFormat):
 
             (inner,) = NpyFormat().read_header(read)
             if inner.end > length:
-                raise CheckpointError(f"npz member {name} is shorter than its header says")
+                raise CheckpointError(f"npz member {shown(name)} is shorter than its header says")
             spans.append(
                 TensorSpan(
                     name[: -len(".npy")], inner.dtype, inner.shape,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from git_theta.errors import CheckpointError
-from git_theta.formats.base import MAX_RANK, MAX_TENSORS, LimitExceeded
+from git_theta.formats.base import MAX_RANK, MAX_TENSORS, LimitExceeded, shown
 
 
 @dataclass(frozen=True)
@@ -66,10 +66,13 @@ _ALLOWED = {
     ("builtins", "frozenset"),
     ("torch", "device"),
 } | {("torch", s) for s in _STORAGES | TORCH_DTYPES}
-# A state dict's pickle takes ~125 bytes, 32 opcodes and ~1.1 KB of values per tensor.
+# A state dict's pickle takes ~125 bytes, 32 opcodes and 1.2 KB of values per tensor
+# (estimated below at 1.8 KB: the estimate errs high). A hostile pickle's values are
+# priced near their real cost, so with the pickle's own bytes and the interpreter it
+# stays under 300 MB.
 MAX_BYTES = 32 << 20  # data.pkl: 4x MAX_TENSORS tensors' worth
-MAX_OPS = 128 * MAX_TENSORS  # 8M opcodes, ~5 s
-MAX_MEMORY = 256 << 20  # estimated bytes of values built (~4x MAX_TENSORS' real need)
+MAX_OPS = 64 * MAX_TENSORS  # 4M opcodes, ~4 s; MAX_TENSORS need 2.1M
+MAX_MEMORY = 160 << 20  # estimated bytes of values built; MAX_TENSORS need 116 MB
 _SCALAR_KEYS = (str, int, float, bool, bytes, type(None), Global)
 
 
@@ -132,7 +135,7 @@ def _reduce(func: Any, args: Any) -> Any:
         return list(args[0]) if args and type(args[0]) in (tuple, list) else []
     if name == ("torch", "device"):
         return f"device({', '.join(str(a)[:20] for a in args[:2])})"
-    raise CheckpointError(f"pickle calls {func.module}.{func.name}, which is not allowed")
+    raise CheckpointError(f"pickle calls {shown(func.module + '.' + func.name)}, not allowed")
 
 
 _U16 = struct.Struct("<H")
@@ -189,11 +192,12 @@ def _run(data: bytes) -> Any:
         op = data[pos]
         pos += 1
         ops += 1
-        if ops > MAX_OPS:
-            raise LimitExceeded("torch pickle's opcode count", None, MAX_OPS)
-        if memory > MAX_MEMORY:
-            raise LimitExceeded("torch pickle's values", None, MAX_MEMORY, "bytes (estimated)")
         memory += 8
+        if not ops & 255:  # now and then: 256 opcodes add at most a few kB (or a string)
+            if ops > MAX_OPS:
+                raise LimitExceeded("torch pickle's opcode count", None, MAX_OPS)
+            if memory > MAX_MEMORY:
+                raise LimitExceeded("torch pickle's values", None, MAX_MEMORY, "bytes (estimated)")
         # Most frequent first (LONG_BINPUT, BININT1, BINGET, BINUNICODE, REDUCE, MARK...).
         if op == 0x72:  # r LONG_BINPUT
             memo[_U32.unpack(take(4))[0]] = stack[-1]
@@ -214,6 +218,7 @@ def _run(data: bytes) -> Any:
             memory += 128
         elif op == 0x28:  # ( MARK
             marks.append(len(stack))
+            memory += 40
         elif op == 0x74:  # t TUPLE
             items = pop_mark()
             stack.append(tuple(items))
@@ -306,8 +311,10 @@ def _run(data: bytes) -> Any:
             stack.append(_F64.unpack(take(8))[0])
             memory += 24
         elif op == 0x63:  # c GLOBAL "module\nname\n"
-            module = _line(take, "GLOBAL")
-            name = _line(take, "GLOBAL")
+            module = take(_line_length(data, pos)).decode("ascii", "replace")
+            pos += 1
+            name = take(_line_length(data, pos)).decode("ascii", "replace")
+            pos += 1
             stack.append(_global(module, name))
             memory += 64
         elif op == 0x93:  # STACK_GLOBAL
@@ -340,19 +347,18 @@ def _storage(pid: Any) -> StorageRef:
     return StorageRef(kind.name, key, numel)
 
 
-def _line(take: Any, what: str) -> str:
-    out = b""
-    while (ch := take(1)) != b"\n":
-        out += ch
-        if len(out) > 256:
-            raise CheckpointError(f"pickle {what} name is too long")
-    return out.decode("ascii", "replace")
+def _line_length(data: bytes, pos: int) -> int:
+    """The length of the GLOBAL name at ``pos``, up to its newline (at most 256)."""
+    end = data.find(b"\n", pos, pos + 257)
+    if end < 0:
+        raise CheckpointError("pickle GLOBAL name is too long or unterminated")
+    return end - pos
 
 
 def _global(module: str, name: str) -> Global:
     if (module, name) not in _ALLOWED:
         raise CheckpointError(
-            f"pickle refers to {module[:100]}.{name[:100]}, which is not on git-theta's "
+            f"pickle refers to {shown(module + '.' + name)}, which is not on git-theta's "
             "allow-list (only tensors, storages and plain containers are read; no code runs)"
         )
     return Global(module, name)

@@ -20,6 +20,7 @@ from git_theta.formats.base import (
     LimitExceeded,
     ReadExact,
     TensorSpan,
+    shown,
 )
 
 SNIFF_HEADER = 100_000_000  # the safetensors library's own limit: larger is not safetensors
@@ -106,12 +107,12 @@ class SafetensorsFormat(CheckpointFormat):
             if name == "__metadata__":
                 continue
             if not isinstance(info, _Entry):
-                raise CheckpointError(f"safetensors header entry {name!r} is malformed")
+                raise CheckpointError(f"safetensors header entry {shown(name)} is malformed")
             dtype, shape, start, end = info
             known = lookup(dtype)
             if known is not None and known.nbytes(shape) != end - start:
                 raise CheckpointError(
-                    f"safetensors header lies about tensor {name!r}: {dtype} {list(shape)} "
+                    f"safetensors header lies about tensor {shown(name)}: {dtype} {list(shape)} "
                     f"needs {known.nbytes(shape)} bytes but data_offsets span {end - start}"
                 )
             spans.append(TensorSpan(name, dtype, shape, base + start, base + end))

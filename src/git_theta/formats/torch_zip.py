@@ -21,6 +21,7 @@ from git_theta.formats.base import (
     LimitExceeded,
     ReadExact,
     TensorSpan,
+    shown,
 )
 from git_theta.formats.safe_pickle import MAX_BYTES, StorageRef, TensorRef, load
 from git_theta.formats.zip_index import zip_data_start, zip_entries
@@ -123,17 +124,21 @@ class TorchZipFormat(CheckpointFormat):
         for key, storage in storages.items():
             record = f"{prefix}data/{key}"
             if record not in entries:
-                raise CheckpointError(f"torch archive lacks the record for storage {key}")
+                raise CheckpointError(f"torch archive lacks the record for storage {shown(key)}")
             offset, length, method = entries[record]
             if method != 0:
-                raise CheckpointError(f"torch archive record {record} is compressed")
+                raise CheckpointError(f"torch archive record {shown(record)} is compressed")
             name, ref = users[key][0]
             if storage.kind == "UntypedStorage":  # numel counts bytes; the tensor has the dtype
+                if not ref.dtype:
+                    raise CheckpointError(
+                        f"torch storage {shown(key)} is untyped, as is its tensor"
+                    )
                 dtype = _FROM_TORCH.get(ref.dtype, f"torch.{ref.dtype}")
                 known = lookup(dtype)
                 itemsize = known.bits // 8 if known is not None and known.bits >= 8 else 1
                 if storage.numel != length:
-                    raise CheckpointError(f"torch storage {key} has the wrong size")
+                    raise CheckpointError(f"torch storage {shown(key)} has the wrong size")
                 if length % itemsize:  # not whole elements of the first user's type
                     dtype, itemsize = "U8", 1
                 numel = length // itemsize
@@ -141,7 +146,7 @@ class TorchZipFormat(CheckpointFormat):
                 dtype, numel = _DTYPES[storage.kind], storage.numel
                 known = lookup(dtype)
                 if known is not None and known.nbytes((numel,)) != length:
-                    raise CheckpointError(f"torch storage {key} has the wrong size")
+                    raise CheckpointError(f"torch storage {shown(key)} has the wrong size")
             whole = len(users[key]) == 1 and ref.offset == 0 and math.prod(ref.shape) == numel
             shape = ref.shape if whole else (numel,)
             if not whole:

@@ -12,7 +12,7 @@ import struct
 from typing import BinaryIO
 
 from git_theta.errors import CheckpointError
-from git_theta.formats.base import MAX_TENSORS, LimitExceeded
+from git_theta.formats.base import MAX_TENSORS, LimitExceeded, shown
 
 MAX_ENTRIES = MAX_TENSORS + 1024  # members: one per storage, and a few records
 # Bytes of central directory: 46 bytes and a name per member (~110 for torch's).
@@ -72,7 +72,7 @@ def zip_entries(fh: BinaryIO, size: int) -> dict[str, tuple[int, int, int]]:
         extra = directory[name_at + n_name : name_at + n_name + n_extra]
         csize, offset = _zip64_fields(extra, csize, usize, offset)
         if offset + 30 > size or csize > size:
-            raise CheckpointError(f"zip member {name!r} lies outside the file")
+            raise CheckpointError(f"zip member {shown(name)} lies outside the file")
         out[name] = (offset, csize, method)
         pos = end
     return out
