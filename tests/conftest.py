@@ -78,7 +78,7 @@ def sha256(path: Path) -> str:
 
 
 def lfs_objects(repo: Path) -> set[str]:
-    root = repo / ".git" / "lfs" / "objects"
+    root = repo / ".git" / "lfs" / "theta" / "objects"
     return {p.name for p in root.rglob("*") if p.is_file()} if root.exists() else set()
 
 

@@ -122,7 +122,7 @@ def test_missing_objects_and_empty_tree(repo: Path) -> None:
     assert first.splitlines()[1].startswith("4 of 4 tensors changed: 48 of 48 parameters (100.00%)")
     manifest = json.loads(git(repo, "show", "HEAD~1:m.safetensors").stdout)
     oid = manifest["tensors"]["a"]["chain"][0]["oid"]
-    (repo / ".git/lfs/objects" / oid[:2] / oid[2:4] / oid).unlink()
+    (repo / ".git/lfs/theta/objects" / oid[:2] / oid[2:4] / oid).unlink()
     out = theta(repo, "diff", "HEAD~1", "HEAD").stdout
     assert "M a  F32 [4, 8]  dense  values not local: run `git theta fetch`" in out
 

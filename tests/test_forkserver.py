@@ -388,7 +388,7 @@ def test_objects_are_written_under_the_callers_umask(repo: Path, servers: Path, 
     )
     assert done.returncode == 0, done.stderr
     assert SERVED in done.stderr
-    objects = [p for p in (repo / ".git" / "lfs" / "objects").rglob("*") if p.is_file()]
+    objects = [p for p in (repo / ".git" / "lfs" / "theta" / "objects").rglob("*") if p.is_file()]
     assert objects
     assert {p.stat().st_mode & 0o777 for p in objects} == {0o666 & ~umask}
 

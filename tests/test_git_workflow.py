@@ -94,7 +94,7 @@ def test_missing_object_fails_checkout_with_no_partial_file(repo: Path) -> None:
     v2 = (repo / "model.safetensors").read_bytes()
     manifest = json.loads(git(repo, "show", f"{c1}:model.safetensors").stdout)
     oid = manifest["tensors"]["head"]["chain"][0]["oid"]
-    (repo / ".git/lfs/objects" / oid[:2] / oid[2:4] / oid).unlink()
+    (repo / ".git/lfs/theta/objects" / oid[:2] / oid[2:4] / oid).unlink()
 
     done = git(repo, "checkout", "-q", c1, check=False)
     assert done.returncode != 0
@@ -115,7 +115,7 @@ def test_corrupt_object_fails_checkout(repo: Path) -> None:
     commit_all(repo, "v1")
     manifest = json.loads(git(repo, "show", "HEAD:model.safetensors").stdout)
     oid = manifest["tensors"]["layer0.weight"]["chain"][0]["oid"]
-    path = repo / ".git/lfs/objects" / oid[:2] / oid[2:4] / oid
+    path = repo / ".git/lfs/theta/objects" / oid[:2] / oid[2:4] / oid
     data = bytearray(path.read_bytes())
     data[-1] ^= 0xFF
     path.write_bytes(bytes(data))
@@ -194,7 +194,9 @@ def test_real_minilm_round_trip_and_incremental_storage(repo: Path) -> None:
     original = source.read_bytes()
     (repo / "model.safetensors").write_bytes(original)
     c1 = commit_all(repo, "minilm")
-    v1_stored = sum(p.stat().st_size for p in (repo / ".git/lfs/objects").rglob("*") if p.is_file())
+    v1_stored = sum(
+        p.stat().st_size for p in (repo / ".git/lfs/theta/objects").rglob("*") if p.is_file()
+    )
     assert v1_stored < 0.83 * len(original)
 
     (size,) = struct.unpack("<Q", original[:8])
@@ -205,7 +207,9 @@ def test_real_minilm_round_trip_and_incremental_storage(repo: Path) -> None:
     w[::100] += np.float32(1e-3)  # writes into ``data``
     (repo / "model.safetensors").write_bytes(bytes(data))
     commit_all(repo, "tweak one tensor")
-    v2_stored = sum(p.stat().st_size for p in (repo / ".git/lfs/objects").rglob("*") if p.is_file())
+    v2_stored = sum(
+        p.stat().st_size for p in (repo / ".git/lfs/theta/objects").rglob("*") if p.is_file()
+    )
     assert v2_stored - v1_stored < 1.05 * (end - start)
 
     git(repo, "checkout", "-q", c1)
@@ -219,7 +223,7 @@ def test_lost_objects_are_stored_again_on_add(repo: Path) -> None:
     objects = lfs_objects(repo)
     import shutil
 
-    shutil.rmtree(repo / ".git/lfs/objects")
+    shutil.rmtree(repo / ".git/lfs/theta/objects")
     os.utime(repo / "model.safetensors", (2, 2))
     git(repo, "add", "model.safetensors")
     assert lfs_objects(repo) == objects  # the file's bytes re-created every object

@@ -23,7 +23,7 @@ def test_clean_matches_golden_manifest(tmp_path: Path) -> None:
     data = (GOLDEN / "v1.safetensors").read_bytes()
     clean(io.BytesIO(data), out, "v1.safetensors", ObjectStore(tmp_path), None, False)
     assert out.getvalue() == (GOLDEN / "v1.manifest").read_bytes()
-    stored = {p.name for p in (tmp_path / "objects").rglob("*") if p.is_file()}
+    stored = {p.name for p in (tmp_path / "theta" / "objects").rglob("*") if p.is_file()}
     golden = {p.name for p in (GOLDEN / "v1-lfs" / "objects").rglob("*") if p.is_file()}
     assert stored == golden
 

@@ -67,9 +67,11 @@ def test_golden_manifest_serialization_round_trips(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(CHECKPOINTS))
-def test_every_link_codec_names_its_update_types_codec_and_object(name: str) -> None:
+def test_every_link_codec_names_its_update_types_codec_and_object(
+    name: str, tmp_path: Path
+) -> None:
     """The per-link "codec" is written for every link; what it says must be true."""
-    store = ObjectStore(LFS)
+    store = golden_store(tmp_path)
     for entry in manifest(name).tensors.values():
         for link in entry.chain:
             assert link.codec == UPDATES.get(link.update).codec
@@ -137,11 +139,11 @@ def test_clean_still_writes_the_golden_manifest(name: str, tmp_path: Path) -> No
     store = ObjectStore(tmp_path / "fresh")
     previous = manifest(meta["previous"]) if meta["previous"] else None
     for _, ref in needed_objects(previous) if previous else []:
-        store.copy_in(ObjectStore(LFS).path(ref.oid), ref)  # what the earlier add stored
+        store.copy_in(ObjectStore(LFS).lfs_path(ref.oid), ref)  # what the earlier add stored
     out = io.BytesIO()
     clean(io.BytesIO(data), out, meta["path"], store, previous, False, _update_for(meta))
     assert out.getvalue() == manifest_bytes(name)
-    stored = {p.name for p in (tmp_path / "fresh" / "objects").rglob("*") if p.is_file()}
+    stored = {p.name for p in (tmp_path / "fresh" / "theta" / "objects").rglob("*") if p.is_file()}
     assert stored == {ref.oid for _, ref in needed_objects(manifest(name))} | (
         {ref.oid for _, ref in needed_objects(previous)} if previous else set()
     )

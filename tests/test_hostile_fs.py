@@ -659,7 +659,14 @@ UNTRUSTED_READERS = {
     "commands/prune.py", "update_rules.py", "commands/track.py",
 }  # fmt: skip
 
-_HOOKS_TODO = "TODO (hooks.py's owner, issue 13): hooks should be written with files.py"
+_STORE_LINK = (
+    "a hard link of a regular object file (lstat-checked, named by its sha256) between "
+    "git-lfs's object directory and ours, never over an existing name: no bytes written"
+)
+_HOOK_MOVE = (
+    "moves another tool's hook (a file or a symlink, renamed as it is, never followed) to "
+    "or from its chained name: no bytes are written through it"
+)
 # (module, function, what) -> why it may write without files.py. Keep each reason true.
 ALLOWED = {
     ("forkserver.py", "Server.__init__", "os.rename"):
@@ -668,9 +675,10 @@ ALLOWED = {
     ("forkserver.py", "_name", "open-write"): "/proc/self/comm, the kernel's, not a file",
     ("filter_client.py", "_may_start", "os.open-write"):
         "the O_CREAT|O_EXCL start claim, an empty file in our 0700 socket directory",
-    ("hooks.py", "_install", "os.replace"): _HOOKS_TODO,
-    ("hooks.py", "_install", "open-write"): _HOOKS_TODO,
-    ("hooks.py", "remove_hooks", "os.replace"): _HOOKS_TODO,
+    ("store.py", "ObjectStore._adopt", "os.link"): _STORE_LINK,
+    ("store.py", "ObjectStore.expose", "os.link"): _STORE_LINK,
+    ("hooks.py", "_install", "os.replace"): _HOOK_MOVE,
+    ("hooks.py", "remove_hooks", "os.replace"): _HOOK_MOVE,
 }  # fmt: skip
 
 

@@ -4,13 +4,14 @@ objects and a fresh clone gets every file back exactly."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import git, sha256
+from conftest import git, lfs_objects, sha256
 from lfs_server import LfsServer
 from st_files import f32, st_from_arrays
 
@@ -117,7 +118,7 @@ def test_both_kinds_of_objects_reach_the_server_in_any_hook_order(
     # The plain LFS file's object and every tensor object are on the server.
     tokenizer_oid = git(work, "lfs", "ls-files", "-l").stdout.decode().split()[0]
     assert tokenizer_oid in server.objects()
-    local = {p.name for p in (work / ".git/lfs/objects").rglob("*") if p.is_file()}
+    local = {p.name for p in (work / ".git/lfs/theta/objects").rglob("*") if p.is_file()}
     assert local <= server.objects()
     # Our hook is in front again, whatever git-lfs did to it.
     assert MARKER in (work / ".git/hooks/pre-push").read_text()
@@ -151,3 +152,64 @@ def test_force_replaced_hook_is_restored_by_the_next_commit(
     git(work, "commit", "-q", "--allow-empty", "-m", "again")
     assert MARKER in hook.read_text()
     assert (work / ".git/hooks/pre-push.theta-chained").read_text() == lfs_hook
+
+
+def test_git_lfs_prune_cannot_lose_tensor_objects(
+    repo: Path, tmp_path: Path, server: LfsServer
+) -> None:
+    """`git lfs prune` deletes every object no LFS pointer names, which is every tensor
+    object; ours live where it does not look, so every commit still checks out."""
+    git(repo, "lfs", "install", "--skip-repo")
+    assert lfs(repo, "track", "*.json").returncode == 0
+    git(repo, "remote", "add", "origin", f"file://{tmp_path / 'origin.git'}")
+    git(tmp_path, "init", "-q", "--bare", str(tmp_path / "origin.git"))
+    (repo / ".lfsconfig").write_text(f'[lfs]\n\turl = "{server.url("prune")}"\n')
+    shas = {}
+    for seed in (1, 2):
+        (repo / "tokenizer.json").write_bytes(TOKENIZER + bytes([seed]))
+        (repo / "model.safetensors").write_bytes(st_from_arrays(f32(SHAPES, seed)))
+        git(repo, "add", "-A")
+        git(repo, "commit", "-q", "-m", f"v{seed}")
+        shas[git(repo, "rev-parse", "HEAD").stdout.decode().strip()] = sha256(
+            repo / "model.safetensors"
+        )
+    git(repo, "push", "-q", "origin", "main")  # pushed: git lfs prune may delete anything
+    for p in (repo / ".git/lfs").rglob("*"):
+        if p.is_file():
+            os.utime(p, (1, 1))
+    ours = lfs_objects(repo)
+    for args in (("prune", "--force"), ("fetch", "--prune")):
+        done = lfs(repo, *args)
+        assert done.returncode == 0, done.stderr.decode()
+    assert lfs_objects(repo) == ours  # not one tensor object lost (or to download again)
+    plain = {p.name for p in (repo / ".git/lfs/objects").rglob("*") if p.is_file()}
+    assert hashlib.sha256(TOKENIZER + b"\x01").hexdigest() not in plain  # it did prune
+    for commit, sha in shas.items():
+        git(repo, "checkout", "-q", commit)
+        assert sha256(repo / "model.safetensors") == sha
+
+
+def test_objects_an_older_git_theta_kept_in_git_lfs_dir_are_taken_in(repo: Path) -> None:
+    """Repositories made before the store moved: objects in git-lfs's directory still check
+    out, and are linked into ours so a later `git lfs prune` loses nothing."""
+    (repo / "model.safetensors").write_bytes(st_from_arrays(f32(SHAPES, 3)))
+    sha = sha256(repo / "model.safetensors")
+    git(repo, "add", "model.safetensors")
+    git(repo, "commit", "-q", "-m", "v3")
+    ours, theirs = repo / ".git/lfs/theta/objects", repo / ".git/lfs/objects"
+    theirs.mkdir(parents=True, exist_ok=True)
+    for p in list(ours.rglob("*")):
+        if p.is_file():
+            dest = theirs / p.relative_to(ours)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            p.rename(dest)
+    (repo / "model.safetensors").unlink()
+    git(repo, "checkout", "--", "model.safetensors")
+    assert sha256(repo / "model.safetensors") == sha
+    assert {p.name for p in ours.rglob("*") if p.is_file()} == {
+        p.name for p in theirs.rglob("*") if p.is_file()
+    }
+    assert git(repo, "lfs", "prune", "--force", check=False).returncode == 0
+    (repo / "model.safetensors").unlink()
+    git(repo, "checkout", "--", "model.safetensors")
+    assert sha256(repo / "model.safetensors") == sha

@@ -31,18 +31,20 @@ def test_prune_keeps_referenced_and_foreign_objects(repo: Path) -> None:
     path = repo / ".git/lfs/objects" / oid[:2] / oid[2:4] / oid
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(foreign)
-    for p in (repo / ".git/lfs/objects").rglob("*"):
+    for p in (repo / ".git/lfs").rglob("*"):
         if p.is_file():
             os.utime(p, (1, 1))  # older than prune's grace period
 
     dry = subprocess.run(["git", "theta", "prune", "--dry-run"], cwd=repo, capture_output=True)
     assert dry.returncode == 0
     assert f"would delete {len(orphans)} unreferenced objects" in dry.stderr.decode()
-    assert lfs_objects(repo) == kept | orphans | {oid}
+    assert lfs_objects(repo) == kept | orphans
+    assert path.read_bytes() == foreign
 
     done = subprocess.run(["git", "theta", "prune"], cwd=repo, capture_output=True)
     assert done.returncode == 0, done.stderr.decode()
-    assert lfs_objects(repo) == kept | {oid}
+    assert lfs_objects(repo) == kept
+    assert path.read_bytes() == foreign
     (repo / "m.safetensors").unlink()
     git(repo, "checkout", "--", "m.safetensors")
     assert sha256(repo / "m.safetensors") == v1_sha
@@ -60,7 +62,7 @@ def test_prune_keeps_objects_staged_in_another_worktree(repo: Path, tmp_path: Pa
     git(other, "add", "m.safetensors", stdin=None)
     staged = lfs_objects(repo) - before
     assert staged
-    for p in (repo / ".git/lfs/objects").rglob("*"):
+    for p in (repo / ".git/lfs").rglob("*"):
         if p.is_file():
             os.utime(p, (1, 1))
     done = subprocess.run(["git", "theta", "prune"], cwd=repo, capture_output=True)
@@ -80,7 +82,7 @@ def test_prune_deletes_unreferenced_sparse_objects(repo: Path) -> None:
     subprocess.run(["git", "add", "m.safetensors"], cwd=repo, env=env, check=True)
     git(repo, "reset", "-q", "--hard")
     (orphan,) = lfs_objects(repo) - kept
-    path = next((repo / ".git/lfs/objects").rglob(orphan))
+    path = next((repo / ".git/lfs/theta/objects").rglob(orphan))
     assert path.read_bytes()[:4] == b"GTSP"
     os.utime(path, (1, 1))
     subprocess.run(["git", "theta", "prune"], cwd=repo, check=True, capture_output=True)

@@ -12,29 +12,44 @@ next git-theta command or filter run puts ours back in front of it.
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 from git_theta import git
 from git_theta.errors import ThetaError
+from git_theta.files import atomic_write
+from git_theta.interpreter import python_argv
 
 MARKER = "# git-theta pre-push hook"
 CHAINED = "pre-push.theta-chained"
 LFS_CALL = "git lfs pre-push"
 WATCH_MARKER = "# git-theta reference-transaction hook"
 
+
+def _sh_quote(word: str) -> str:
+    return "'" + word.replace("'", "'\\''") + "'"  # shlex.join's rule, without its import
+
+
+# The hooks run git-theta with the interpreter that wrote them, isolated (interpreter.py:
+# git runs hooks in the work tree); a moved or deleted virtualenv says what to do.
+PYTHON = python_argv()[0]
+THETA = " ".join(_sh_quote(arg) for arg in python_argv("-m", "git_theta"))
+GONE = (
+    f"git-theta: error: {PYTHON} (the Python git-theta's hooks run) is gone: run "
+    "`git theta install` again"
+)
+
 SCRIPT = f"""#!/bin/sh
 {MARKER}: uploads tensor objects, then Git LFS objects, before git updates the
 # remote's refs. A hook that was here before is kept as {CHAINED} and runs
 # after this one; when it does not run `{LFS_CALL}`, this hook does.
-command -v git-theta >/dev/null 2>&1 || {{
-  echo "git-theta is not on PATH: tensor objects cannot be uploaded, push refused" >&2
+[ -x {_sh_quote(PYTHON)} ] || {{
+  echo {_sh_quote(GONE + "; push refused")} >&2
   exit 1
 }}
 input=$(mktemp) || exit 1
 trap 'rm -f "$input"' EXIT
 cat >"$input"
-git-theta pre-push "$@" <"$input" || exit $?
+{THETA} pre-push "$@" <"$input" || exit $?
 chained="$(dirname "$0")/{CHAINED}"
 if [ -x "$chained" ]; then
   "$chained" "$@" <"$input" || exit $?
@@ -63,8 +78,8 @@ if [ -x "$chained" ]; then
 fi
 [ "$1" = committed ] || exit 0
 grep -qF "{MARKER}" "$hooks/pre-push" 2>/dev/null && exit 0
-command -v git-theta >/dev/null 2>&1 || exit 0
-git-theta after-push || true
+[ -x {_sh_quote(PYTHON)} ] || {{ echo {_sh_quote(GONE)} >&2; exit 0; }}
+{THETA} after-push || true
 exit 0
 """
 
@@ -136,16 +151,8 @@ def _install(hooks: str, name: str, script: str, marker: str, chained_name: str)
                 "then run `git theta install --local`"
             )
         # else: the chained hook holds it already, or it is Git LFS's (ours does its work)
-    # Unique per process: two filters (two git commands) may refresh the hook at once.
-    tmp = os.path.join(hooks, f"{name}.theta-tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(script)
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, hook)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+    # A temporary of its own per writer: two filters (two git commands) may refresh it at once.
+    atomic_write(hook, script.encode(), mode=0o755)
     return hook
 
 

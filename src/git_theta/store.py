@@ -1,9 +1,17 @@
-"""Content objects kept where git-lfs keeps its objects, so any LFS remote can carry them.
+"""Content objects: Git LFS objects that git-theta keeps out of git-lfs's reach.
 
-An object is named by the sha256 of its bytes (a Git LFS oid). Writes go to a temporary
-file (``theta-PID-RANDOM``, made by ``files.TempFile``) in the LFS tmp directory and are
-renamed into place; reads verify the oid. Temporaries a killed process left are removed
-by the first write of a later process and by ``git theta prune``.
+An object is named by the sha256 of its bytes (a Git LFS oid), so any LFS remote carries
+it. It lives in ``LFS_DIR/theta/objects/aa/bb/OID``, beside git-lfs's own
+``LFS_DIR/objects``: ``git lfs prune`` (and ``git lfs fetch --prune``) delete every object
+there that no LFS pointer names, which is every one of ours. For a push our objects are
+hard-linked into git-lfs's directory and the links removed after it; objects git-lfs
+downloads land in its directory and are linked into ours when first looked for, as are
+objects an older git-theta kept there. A link costs no space, and git-lfs deleting it
+costs us nothing.
+
+Writes go to a temporary file (``theta-PID-RANDOM``, made by ``files.TempFile``) in the
+LFS tmp directory and are renamed into place; reads verify the oid. Temporaries a killed
+process left are removed by the first write of a later process and by ``git theta prune``.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ ObjectBytes = bytes | mmap.mmap
 
 _COPY_CHUNK = 8 << 20
 TMP_PREFIX = "theta-"
+OWN_DIR = "theta"  # under the LFS directory: ours, never scanned by git-lfs
 _swept: set[str] = set()  # tmp directories this process has swept
 
 
@@ -45,12 +54,13 @@ class ObjectRef(NamedTuple):
 
 
 class ObjectStore:
-    """The git-lfs object directory of one repository."""
+    """git-theta's object directory of one repository, beside git-lfs's (``lfs_dir``)."""
 
     # Paths are strings, not pathlib: every filter process builds a store, and pathlib's
     # import (4 ms, with urllib) was a tenth of a small file's add.
     def __init__(self, lfs_dir: str | os.PathLike[str]):
-        self.root = os.path.join(lfs_dir, "objects")
+        self.root = os.path.join(lfs_dir, OWN_DIR, "objects")
+        self.lfs_root = os.path.join(lfs_dir, "objects")
         self.tmp = os.path.join(lfs_dir, "tmp")
 
     def tmp_dir(self) -> str:
@@ -82,12 +92,72 @@ class ObjectStore:
         """Return where the object ``oid`` lives (git-lfs's ``aa/bb/oid`` layout)."""
         return os.path.join(self.root, oid[0:2], oid[2:4], oid)
 
+    def lfs_path(self, oid: str) -> str:
+        """Return where git-lfs keeps (or would keep) the object ``oid``."""
+        return os.path.join(self.lfs_root, oid[0:2], oid[2:4], oid)
+
+    def _adopt(self, oid: str) -> bool:
+        """Link git-lfs's copy of ``oid`` (a download, or an older git-theta's object) into
+        our directory; return whether it is now there."""
+        final = self.path(oid)
+        try:
+            os.makedirs(os.path.dirname(final), exist_ok=True)
+            os.link(self.lfs_path(oid), final, follow_symlinks=False)
+        except FileExistsError:
+            return True
+        except OSError:  # absent there, or links unsupported: copy it, hash-checked
+            return False
+        return True
+
+    def _locate(self, ref: ObjectRef) -> str | None:
+        """Where to read ``ref`` from: our directory, else git-lfs's (after taking its copy
+        into ours, so that git-lfs deleting it loses nothing; a copy that cannot be taken
+        in is still read where it is). None when neither has it at the right size."""
+        for path in (self.path(ref.oid), self.lfs_path(ref.oid)):
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            if not stat.S_ISREG(st.st_mode) or st.st_size != ref.size:
+                return None
+            if path != self.path(ref.oid) and (self._adopt(ref.oid) or self.copy_in(path, ref)):
+                return self.path(ref.oid)
+            return path
+        return None
+
     def has(self, ref: ObjectRef) -> bool:
         """Return True when the object is present with the expected size."""
-        try:
-            return os.stat(self.path(ref.oid)).st_size == ref.size
-        except FileNotFoundError:
-            return False
+        return self._locate(ref) is not None
+
+    def expose(self, refs: Iterable[ObjectRef]) -> list[str]:
+        """Hard-link our objects into git-lfs's directory so that git-lfs can upload them;
+        return the links made (for ``unexpose``). Where links are unsupported a copy is
+        made, and kept: git-lfs may delete it, never ours."""
+        made = []
+        for ref in refs:
+            dest = self.lfs_path(ref.oid)
+            if os.path.lexists(dest):
+                continue
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            try:
+                os.link(self.path(ref.oid), dest, follow_symlinks=False)
+            except FileExistsError:
+                continue
+            except OSError:
+                with self._temp_file() as tmp, self.open(ref) as src:
+                    while chunk := src.read(_COPY_CHUNK):
+                        tmp.file.write(chunk)
+                    tmp.commit(dest)
+                continue
+            made.append(dest)
+        return made
+
+    @staticmethod
+    def unexpose(links: Iterable[str]) -> None:
+        """Remove the links ``expose`` made."""
+        for link in links:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(link)
 
     def _is_stored(self, final: str) -> bool:
         try:
@@ -142,7 +212,7 @@ class ObjectStore:
     def open(self, ref: ObjectRef) -> BinaryIO:
         """Open the object for reading (unverified). Raises ObjectMissingError."""
         try:
-            return open(self.path(ref.oid), "rb")
+            return open(self._locate(ref) or self.path(ref.oid), "rb")
         except FileNotFoundError:
             raise ObjectMissingError(f"object {ref.oid} is not in the local store") from None
 
@@ -156,7 +226,7 @@ class ObjectStore:
         Raises ObjectMissingError when it is absent.
         """
         try:
-            with open(self.path(ref.oid), "rb") as fh:
+            with open(self._locate(ref) or self.path(ref.oid), "rb") as fh:
                 if os.fstat(fh.fileno()).st_size == 0:
                     return b""  # an empty file cannot be mapped
                 try:

@@ -1,8 +1,9 @@
 """``git theta prune``: delete local objects that no manifest in the repository needs.
 
 ``git lfs prune`` cannot see our objects (they are named by manifests, not by LFS pointer
-files) and would delete them all; this is the prune to use for git-theta objects. It only
-ever deletes git-theta objects, never plain Git LFS ones.
+files), which is why they live in a directory of their own (see store.py); this is the
+prune for them. It only ever deletes git-theta objects (in our directory, and links or
+older git-theta's copies in git-lfs's), never plain Git LFS ones.
 """
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ def prune(dry_run: bool) -> int:
     keep |= {ref.oid for ref in needed_by(staged)}
     now = time.time()
     count = size = 0
-    root = Path(repo.store.root)
-    for path in root.glob("??/??/*") if root.exists() else []:
+    roots = [Path(repo.store.root), Path(repo.store.lfs_root)]
+    gone: set[str] = set()
+    for path in (p for root in roots if root.exists() for p in root.glob("??/??/*")):
         if path.name in keep or len(path.name) != 64:
             continue
         try:
@@ -52,8 +54,10 @@ def prune(dry_run: bool) -> int:
                     continue  # new, or a plain Git LFS object: not ours to judge
         except (UnsafeFileError, FileNotFoundError):
             continue
-        count += 1
-        size += stat.st_size
+        if path.name not in gone:  # a link in git-lfs's directory is the same object
+            gone.add(path.name)
+            count += 1
+            size += stat.st_size
         if not dry_run:
             path.unlink()
     verb = "would delete" if dry_run else "deleted"

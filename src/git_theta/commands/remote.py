@@ -68,7 +68,11 @@ def upload(remote: str, include: list[str], exclude: list[str]) -> int:
             f"push refused: object {lost[0].oid} for {wanted[lost[0]]} is not in the local "
             f"store ({len(lost)} missing); run `git theta fetch --all` and push again"
         )
-    return transfer.push(remote, local)
+    links = repo.store.expose(local)  # git-lfs uploads from its own directory
+    try:
+        return transfer.push(remote, local)
+    finally:
+        repo.store.unexpose(links)
 
 
 def after_push(lines: list[str]) -> int:
