@@ -601,7 +601,7 @@ class _Rewriter:
         for side in sides:
             if side.key == rules.key and side.orig == tree and side.new is not None:
                 return side.new
-        memo = (tree, prefix, rules.key, tuple(s.new for s in sides))
+        memo = (tree, prefix, rules.key, tuple(sides))
         if memo in self._tree_memo:
             return self._tree_memo[memo]
         maps = [(self.entry_map(s.orig), self.entry_map(s.new), s.key) for s in sides]
@@ -998,6 +998,8 @@ def migrate(mode: str, patterns: list[str], names: list[str], everything: bool) 
         try:
             install_hooks()
         except ThetaError as exc:  # the history is rewritten by now: say it, do not fail
-            sys.stderr.write(f"git-theta: warning: {exc}\n")
+            from git_theta.display import escape
+
+            sys.stderr.write(f"git-theta: warning: {escape(str(exc))}\n")
     rewritten = sum(1 for old, new in rewriter.commit_map.items() if old != new)
     return Result(rewritten, versions, before, after, updates, on_remote)
