@@ -108,5 +108,8 @@ def test_manifest_input_passes_through(tmp_path: Path) -> None:
 
 
 def test_newer_manifest_version_is_refused() -> None:
-    with pytest.raises(ManifestError, match="manifest version 99 is newer"):
+    with pytest.raises(
+        ManifestError,
+        match=r"^written by a newer git-theta \(manifest version 99\): upgrade git-theta$",
+    ):
         parse(b'{\n "git-theta": 99}')

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING
 import blake3
 
 from git_theta.content import content_hash
+from git_theta.display import quote
 from git_theta.errors import ObjectCorruptError, ThetaError
-from git_theta.manifest import Link, TensorEntry
+from git_theta.manifest import MAX_TENSOR_BYTES, Link, TensorEntry, tensor_nbytes
 from git_theta.parallel import chunk_pool
 from git_theta.store import ObjectStore
 
@@ -85,25 +86,69 @@ def store_value(
     return (Link("dense", dense.codec, store.put(parts_in)),)
 
 
-def rebuild(name: str, entry: TensorEntry, store: ObjectStore) -> bytearray:
-    """Return the exact bytes of tensor ``name``, verified against its content hash.
-
-    Raises a ThetaError naming the tensor and the object when anything is missing or wrong.
-    """
+def _plugin(link: Link) -> UpdateType:
+    """The update type that reads ``link``; raises when it is unknown or the link records
+    another codec than the one that type writes."""
     from git_theta.updates import UPDATES
 
-    if not entry.chain:
-        raise ObjectCorruptError(f"tensor {name!r} has an empty chain")
+    plugin = UPDATES.get(link.update)
+    if link.codec != plugin.codec:
+        raise ObjectCorruptError(
+            f"object {link.ref.oid} is recorded with codec {quote(link.codec)}, but "
+            f"{link.update} objects use {quote(plugin.codec)}"
+        )
+    return plugin
+
+
+def _cap(entry: TensorEntry, limit: int | None) -> tuple[int, bool]:
+    """Return (the most bytes the value may have, whether it is exactly that): its shape
+    x dtype, or for an opaque dtype ``limit`` (the file's size)."""
+    exact = tensor_nbytes(entry.dtype, entry.shape)
+    if exact is not None:
+        return exact, True
+    return (limit if limit is not None else MAX_TENSOR_BYTES), False
+
+
+def _in_tensor(exc: ThetaError, name: str, link: Link | None = None) -> None:
+    """Prefix ``exc``'s message with the tensor (and the object ``link`` names, unless the
+    message does) it is about, keeping its type."""
+    message = str(exc)
+    if link is not None and link.ref.oid not in message:
+        message = f"object {link.ref.oid}: {message}"
+    exc.args = (f"tensor {quote(name)}: {message}",)
+
+
+def rebuild(
+    name: str, entry: TensorEntry, store: ObjectStore, limit: int | None = None
+) -> bytearray:
+    """Return the exact bytes of tensor ``name``, verified against its content hash.
+
+    Nothing is allocated beyond the value's size (shape x dtype; ``limit`` for a dtype
+    that does not say, normally the file's size). Raises a ThetaError naming the tensor
+    and the object when anything is missing or wrong.
+    """
+    cap, exact = _cap(entry, limit)
     value: bytearray | None = None
     for link in entry.chain:
         try:
-            value = UPDATES.get(link.update).apply(value, store.get(link.ref), entry.dtype)
+            plugin = _plugin(link)
         except ThetaError as exc:
-            raise type(exc)(f"tensor {name!r}: {exc}") from None
-    assert value is not None
+            _in_tensor(exc, name)
+            raise
+        try:
+            value = plugin.apply(value, store.get(link.ref), entry.dtype, limit=cap)
+            if len(value) > cap or (exact and len(value) != cap):
+                raise ObjectCorruptError(
+                    f"object {link.ref.oid} gives {len(value):,} bytes; the manifest expects "
+                    f"{cap:,}"
+                )
+        except ThetaError as exc:
+            _in_tensor(exc, name, link)
+            raise
+    assert value is not None  # a checked manifest has no empty chain
     if content_hash(value) != entry.hash:
         raise ObjectCorruptError(
-            f"tensor {name!r}: rebuilt bytes do not match the recorded hash "
+            f"tensor {quote(name)}: rebuilt bytes do not match the recorded hash "
             f"(object {entry.chain[-1].ref.oid})"
         )
     return value
@@ -113,26 +158,39 @@ STREAM_MIN = 8 << 20  # tensors at least this large are written out chunk by chu
 
 
 def streamable(entry: TensorEntry) -> bool:
-    """True when the tensor is one large dense object, decoded best as a stream."""
-    return (
-        len(entry.chain) == 1
-        and entry.chain[0].update == "dense"
-        and entry.chain[0].ref.size >= STREAM_MIN
-    )
+    """True when the tensor is one large dense value, decoded best as a stream (large
+    as stored, or as the manifest says: a small object may declare a large value, and
+    streamed it never needs more than a few chunks of memory)."""
+    if len(entry.chain) != 1 or entry.chain[0].update != "dense":
+        return False
+    nbytes = tensor_nbytes(entry.dtype, entry.shape)
+    return entry.chain[0].ref.size >= STREAM_MIN or (nbytes or 0) >= STREAM_MIN
 
 
-def stream(name: str, entry: TensorEntry, store: ObjectStore) -> Iterator[bytearray]:
+def stream(
+    name: str, entry: TensorEntry, store: ObjectStore, limit: int | None = None
+) -> Iterator[bytearray]:
     """Yield the exact bytes of a ``streamable`` tensor chunk by chunk.
 
     The object's sha256 and the tensor's hash are checked as the bytes pass; a mismatch
     raises at the end, after the bytes were yielded, so callers must not commit their
     output before the iterator is exhausted (git discards a smudge that ends in error).
+    An object declaring more bytes than the manifest expects fails before its first
+    chunk is decoded (``limit`` as for ``rebuild``).
     """
     from git_theta import codec
 
-    ref = entry.chain[0].ref
+    link = entry.chain[0]
+    ref = link.ref
+    cap, exact = _cap(entry, limit)
     oid_hash = hashlib.sha256()
     content = blake3.blake3()
+    total = 0
+    try:
+        _plugin(link)
+    except ThetaError as exc:
+        _in_tensor(exc, name)
+        raise
     try:
         with store.open(ref) as fh:
 
@@ -141,14 +199,21 @@ def stream(name: str, entry: TensorEntry, store: ObjectStore) -> Iterator[bytear
                 oid_hash.update(data)
                 return data
 
-            for piece in codec.decode_stream(read, chunk_pool()):
+            for piece in codec.decode_stream(read, chunk_pool(), limit=cap):
+                total += len(piece)
                 content.update(piece)  # before the yield: the consumer recycles the piece
                 yield piece
     except ThetaError as exc:
-        raise type(exc)(f"tensor {name!r}: {exc}") from None
+        _in_tensor(exc, name, link)
+        raise
     if oid_hash.hexdigest() != ref.oid:
-        raise ObjectCorruptError(f"tensor {name!r}: object {ref.oid} is corrupt")
+        raise ObjectCorruptError(f"tensor {quote(name)}: object {ref.oid} is corrupt")
+    if exact and total != cap:
+        raise ObjectCorruptError(
+            f"tensor {quote(name)}: object {ref.oid} gives {total:,} bytes; the manifest "
+            f"expects {cap:,}"
+        )
     if content.hexdigest() != entry.hash:
         raise ObjectCorruptError(
-            f"tensor {name!r}: rebuilt bytes do not match the recorded hash (object {ref.oid})"
+            f"tensor {quote(name)}: rebuilt bytes do not match the recorded hash (object {ref.oid})"
         )

@@ -19,7 +19,7 @@ from git_theta.errors import CheckpointError, ThetaError
 from git_theta.files import open_regular
 from git_theta.formats import detect
 from git_theta.formats.base import SNIFF_MAX
-from git_theta.manifest import Link, Manifest, TensorEntry
+from git_theta.manifest import Link, Manifest, TensorEntry, tensor_nbytes
 from git_theta.parallel import ordered_map
 from git_theta.store import ObjectStore
 
@@ -34,6 +34,7 @@ class TensorSide:
     load: Callable[[], bytes | bytearray] | None  # None: values not available locally
     links: tuple[Link, ...] = ()  # its chain, when it comes from a manifest
     store: ObjectStore | None = None
+    limit: int | None = None  # the most bytes its value may have (from its manifest)
 
 
 @dataclass
@@ -61,6 +62,12 @@ class FileDiff:
     bytes_stored: int = 0  # object bytes the new version adds over the old one
 
 
+def _limit(manifest: Manifest, entry: TensorEntry) -> int:
+    """The most bytes ``entry``'s value may have: shape x dtype, else the file's size."""
+    nbytes = tensor_nbytes(entry.dtype, entry.shape)
+    return manifest.size if nbytes is None else nbytes
+
+
 def from_manifest(manifest: Manifest | None, store: ObjectStore) -> dict[str, TensorSide]:
     """Describe every tensor of ``manifest`` (empty for None)."""
     if manifest is None:
@@ -70,7 +77,7 @@ def from_manifest(manifest: Manifest | None, store: ObjectStore) -> dict[str, Te
         present = all(store.has(link.ref) for link in entry.chain)
 
         def load(name: str = name, entry: TensorEntry = entry) -> bytearray:
-            return chains.rebuild(name, entry, store)
+            return chains.rebuild(name, entry, store, limit=manifest.size)
 
         out[name] = TensorSide(
             entry.dtype,
@@ -81,6 +88,7 @@ def from_manifest(manifest: Manifest | None, store: ObjectStore) -> dict[str, Te
             load if present else None,
             entry.chain,
             store,
+            _limit(manifest, entry),
         )
     return out
 
@@ -132,7 +140,7 @@ def _update_summary(old: TensorSide, new: TensorSide) -> str:
     if not new.store.has(link.ref):
         return ""
     try:
-        return UPDATES.get(link.update).summary(new.store.get(link.ref))
+        return UPDATES.get(link.update).summary(new.store.get(link.ref), new.limit)
     except ThetaError:
         return ""
 
@@ -147,7 +155,8 @@ def _apply_last(old: TensorSide, new: TensorSide, a: bytes | bytearray) -> bytea
         return None
     link = new.links[-1]
     try:
-        value = UPDATES.get(link.update).apply(bytearray(a), new.store.get(link.ref), new.dtype)
+        payload = new.store.get(link.ref)
+        value = UPDATES.get(link.update).apply(bytearray(a), payload, new.dtype, new.limit)
     except ThetaError:
         return None  # rebuild it the long way, which names what is wrong
     return value if content_hash(value) == new.hash else None

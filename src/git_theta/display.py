@@ -10,8 +10,12 @@ zero-width joiners, line separators, lone surrogates) is written as an escape in
 
 from __future__ import annotations
 
+_SHORT = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+
 
 def _escape_char(char: str) -> str:
+    if char in _SHORT:
+        return _SHORT[char]
     code = ord(char)
     if code <= 0xFF:
         return f"\\x{code:02x}"

@@ -6,18 +6,48 @@ of the file ("glue") and the order in which glue and tensors make up the file.
 
 Serialization is deterministic (fixed key order, one tensor per line) so equal content
 gives equal bytes in any process, and diffs show one changed line per changed tensor.
+
+A manifest comes from a repository, which may be a stranger's: ``parse`` checks every
+field before anything is read, fetched or written on its behalf (oids are 64 lowercase hex,
+so they are file names and never paths; sizes and shapes agree with the dtypes and the
+layout; names are printable; counts are capped), so code below may trust a ``Manifest``.
+``to_bytes`` runs the same checks, so whatever git-theta writes it also reads back.
 """
 
 from __future__ import annotations
 
+import gc
 import json
+import math
+import re
 from typing import Any, NamedTuple
 
+from git_theta.display import quote
+from git_theta.dtypes import BLOCKS, DTYPES, expected_nbytes
 from git_theta.errors import ManifestError
 from git_theta.store import ObjectRef
 
 VERSION = 1
 PREFIX = b'{\n "git-theta": '
+
+# Caps on what a manifest may hold. A manifest of 100,000 tensors with one link each is
+# 37 MB and parses in 1 s to 220 MB; 64 MB leaves headroom and bounds a hostile one.
+MAX_BYTES = 64 << 20
+MAX_TENSORS = 1 << 18
+MAX_NAME = 4096  # characters of a tensor name
+MAX_DIMS = 64  # NumPy's limit
+MAX_LINKS = 16  # clean writes at most chains.MAX_CHAIN (8) links; the rest is slack
+MAX_TENSOR_BYTES = 1 << 40
+MAX_FILE_BYTES = 1 << 42
+MAX_OBJECT_BYTES = 1 << 44  # a sparse update of a byte tensor can outgrow the tensor
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")  # format and update type keys
+_CODEC = re.compile(r"[A-Za-z0-9._+-]{0,64}")
+# dtypes the formats record for element types outside dtypes.DTYPES: kept as plain bytes,
+# their size known only from the object (np:<numpy name>, NPY<descr>, torch.<name>).
+_OPAQUE_DTYPE = re.compile(r"(?:np:|NPY|torch\.)[!-~]{1,64}")
+_VERSION_AFTER_PREFIX = re.compile(rb"\s*(-?\d{1,20})\s*[,}]")
 
 
 class Link(NamedTuple):
@@ -52,7 +82,15 @@ class Manifest(NamedTuple):
     tensors: dict[str, TensorEntry]
 
     def to_bytes(self) -> bytes:
-        """Return the canonical serialization."""
+        """Return the canonical serialization.
+
+        Raises ManifestError when the manifest breaks a rule ``parse`` checks (a name
+        with a control character, sizes that do not add up): it would not read back.
+        """
+        try:
+            _check(self)
+        except _Invalid as exc:
+            raise ManifestError(f"cannot write a valid manifest: {exc}") from None
         d = json.dumps
         lines = [
             "{",
@@ -72,12 +110,30 @@ class Manifest(NamedTuple):
         lines.append(",\n".join(entries))
         lines.append(" }")
         lines.append("}")
-        return ("\n".join(line for line in lines if line) + "\n").encode()
+        data = ("\n".join(line for line in lines if line) + "\n").encode()
+        if len(data) > MAX_BYTES:
+            raise ManifestError(
+                f"cannot write a valid manifest: it would be {len(data):,} bytes, more than "
+                f"the {MAX_BYTES:,} git-theta reads ({len(self.tensors):,} tensors)"
+            )
+        return data
 
 
 def is_manifest(data: bytes) -> bool:
     """Return True when ``data`` looks like a git-theta manifest (not a checkpoint)."""
     return data.startswith(PREFIX)
+
+
+def tensor_nbytes(dtype: str, shape: tuple[int, ...]) -> int | None:
+    """Return the byte size of a (checked) tensor entry's value, or None for an opaque
+    dtype (``np:``, ``NPY``, ``torch.``), whose size only its object knows."""
+    nbytes = expected_nbytes(dtype, shape)
+    return None if nbytes is None or nbytes < 0 else nbytes
+
+
+def glue_size(manifest: Manifest) -> int:
+    """Return how many bytes of glue the layout takes: the glue object's exact length."""
+    return sum(item for item in manifest.layout if isinstance(item, int))
 
 
 def _glue_dict(glue: Glue) -> dict[str, Any]:
@@ -96,45 +152,272 @@ def _entry_dict(entry: TensorEntry) -> dict[str, Any]:
     }
 
 
-def _ref(d: Any) -> ObjectRef:
-    oid, size = d["oid"], d["size"]
-    if not (isinstance(oid, str) and len(oid) == 64 and isinstance(size, int)):
-        raise ValueError("bad object reference")
-    return ObjectRef(oid, size)
+class _Invalid(Exception):
+    """A rule of the manifest is broken (the message says which); never leaves here."""
 
 
 def parse(data: bytes) -> Manifest:
-    """Parse a manifest. Raises ManifestError when it is malformed or too new."""
+    """Parse and check a manifest; the result is safe to act on.
+
+    Raises ManifestError, one line, when it is too large, malformed, breaks a rule (see
+    the module docstring) or was written by a newer git-theta.
+    """
+    _refuse_newer(data)
+    if len(data) > MAX_BYTES:
+        raise ManifestError(
+            f"invalid manifest: {len(data):,} bytes, more than git-theta reads ({MAX_BYTES:,})"
+        )
+    # The collector would walk the growing heap again and again while a large manifest's
+    # objects are made (a third of the time of 100,000 tensors); none of them form cycles.
+    collecting = gc.isenabled()
+    gc.disable()
     try:
-        raw = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ManifestError(f"manifest is not valid JSON: {exc}") from None
+        return _parse(data)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _parse(data: bytes) -> Manifest:
+    try:
+        raw = json.loads(data.decode(), object_pairs_hook=_object, parse_constant=_constant)
+    except RecursionError:
+        raise ManifestError("invalid manifest: JSON nested too deeply") from None
+    except _Invalid as exc:
+        raise ManifestError(f"invalid manifest: {exc}") from None
+    except ValueError as exc:  # UnicodeDecodeError and json's errors among them
+        raise ManifestError(f"invalid manifest: not valid UTF-8 JSON ({exc})") from None
     if not isinstance(raw, dict) or "git-theta" not in raw:
         raise ManifestError("not a git-theta manifest")
     version = raw["git-theta"]
-    if not isinstance(version, int) or version > VERSION:
-        raise ManifestError(
-            f"manifest version {version} is newer than this git-theta supports ({VERSION}); "
-            "upgrade git-theta"
-        )
+    if type(version) is not int or version < 1:
+        raise ManifestError(f"invalid manifest: version {_show(version)} is not a version")
+    if version > VERSION:
+        raise _newer(version)
     try:
-        glue = Glue(raw["glue"]["hash"], _ref(raw["glue"]))
-        layout = tuple(raw["layout"])
-        tensors = {
-            name: TensorEntry(
-                dtype=e["dtype"],
-                shape=tuple(int(x) for x in e["shape"]),
-                hash=e["hash"],
-                chain=tuple(Link(ln["update"], ln["codec"], _ref(ln)) for ln in e["chain"]),
-            )
-            for name, e in raw["tensors"].items()
-        }
-        manifest = Manifest(str(raw["format"]), int(raw["size"]), glue, layout, tensors)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ManifestError(f"manifest is malformed: {exc!r}") from None
-    for item in layout:
-        if isinstance(item, str) and item not in tensors:
-            raise ManifestError(f"manifest layout names unknown tensor {item!r}")
-        if not isinstance(item, int | str) or isinstance(item, bool):
-            raise ManifestError("manifest layout holds a bad item")
+        manifest = _build(raw)
+        _check(manifest)
+    except _Invalid as exc:
+        raise ManifestError(f"invalid manifest: {exc}") from None
     return manifest
+
+
+def _newer(version: int) -> ManifestError:
+    return ManifestError(
+        f"written by a newer git-theta (manifest version {version}): upgrade git-theta"
+    )
+
+
+def _refuse_newer(data: bytes) -> None:
+    """A newer writer's manifest says so, whatever else it holds (it may be larger, or
+    hold fields this version does not know)."""
+    if data.startswith(PREFIX):
+        found = _VERSION_AFTER_PREFIX.match(data, len(PREFIX))
+        if found is not None and int(found.group(1)) > VERSION:
+            raise _newer(int(found.group(1)))
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):  # json would keep the last of equal keys silently
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _Invalid(f"{quote(key)} appears twice in one object")
+            seen.add(key)
+    return out
+
+
+def _constant(name: str) -> Any:
+    raise _Invalid(f"{name} is not a number a manifest holds")
+
+
+def _show(value: Any) -> str:
+    """A short, printable rendering of an unexpected JSON value for a message."""
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _fields(value: Any, keys: frozenset[str], what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _Invalid(f"{what} is not a JSON object")
+    if value.keys() != keys:
+        missing, extra = sorted(keys - value.keys()), sorted(value.keys() - keys)
+        detail = f"lacks {quote(missing[0])}" if missing else f"has unknown field {quote(extra[0])}"
+        raise _Invalid(f"{what} {detail}")
+    return value
+
+
+def _list(value: Any, what: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise _Invalid(f"{what} is not a JSON list")
+    return value
+
+
+_TOP = frozenset({"git-theta", "format", "size", "glue", "layout", "tensors"})
+_GLUE = frozenset({"hash", "oid", "size"})
+_ENTRY = frozenset({"dtype", "shape", "hash", "chain"})
+_LINK = frozenset({"update", "codec", "oid", "size"})
+
+
+def _build(raw: dict[str, Any]) -> Manifest:
+    """The JSON's structure as a Manifest; the values are checked by ``_check``."""
+    _fields(raw, _TOP, "the manifest")
+    glue = _fields(raw["glue"], _GLUE, "the header entry (glue)")
+    tensors_raw = raw["tensors"]
+    if not isinstance(tensors_raw, dict):
+        raise _Invalid("tensors is not a JSON object")
+    if len(tensors_raw) > MAX_TENSORS:
+        raise _Invalid(f"{len(tensors_raw):,} tensors, more than git-theta reads ({MAX_TENSORS:,})")
+    tensors = {}
+    # The fast path checks only types; messages are built when something is wrong.
+    for name, e in tensors_raw.items():
+        if type(e) is not dict or e.keys() != _ENTRY:
+            _fields(e, _ENTRY, f"tensor {quote(name)}")
+        chain_raw, shape_raw = e["chain"], e["shape"]
+        if type(chain_raw) is not list or type(shape_raw) is not list:
+            _list(chain_raw, f"tensor {quote(name)}: the chain")
+            _list(shape_raw, f"tensor {quote(name)}: the shape")
+        chain = []
+        for ln in chain_raw[: MAX_LINKS + 1]:  # one more, for the check to refuse
+            if type(ln) is not dict or ln.keys() != _LINK:
+                _fields(ln, _LINK, f"tensor {quote(name)}: a link")
+            chain.append(Link(ln["update"], ln["codec"], ObjectRef(ln["oid"], ln["size"])))
+        tensors[name] = TensorEntry(
+            e["dtype"], tuple(shape_raw[: MAX_DIMS + 1]), e["hash"], tuple(chain)
+        )
+    layout = tuple(_list(raw["layout"], "the layout")[: 2 * MAX_TENSORS + 2])
+    glue_ref = Glue(glue["hash"], ObjectRef(glue["oid"], glue["size"]))
+    return Manifest(raw["format"], raw["size"], glue_ref, layout, tensors)
+
+
+def _int_problem(value: Any, top: int) -> str | None:
+    """What is wrong with ``value`` as a count or size up to ``top``, or None."""
+    if type(value) is not int:  # bool is an int subclass: true is not a size
+        return f"is {_show(value)}, not an integer"
+    if not 0 <= value <= top:
+        return f"is {value}, outside 0..{top:,}"
+    return None
+
+
+def _hex_problem(value: Any) -> str | None:
+    if type(value) is str and _HEX64.fullmatch(value):
+        return None
+    return f"is {_show(value)}, not 64 lowercase hex digits"
+
+
+def _ref_problem(ref: ObjectRef) -> str | None:
+    problem = _hex_problem(ref.oid)
+    if problem is not None:
+        return f"oid {problem}"
+    problem = _int_problem(ref.size, MAX_OBJECT_BYTES)
+    return None if problem is None else f"size {problem}"
+
+
+def _name_problem(name: Any) -> str | None:
+    if type(name) is not str:
+        return f"a tensor name is {_show(name)}, not a string"
+    if len(name) > MAX_NAME:
+        return f"a tensor name is {len(name):,} characters (at most {MAX_NAME:,})"
+    if not name.isprintable():
+        return f"tensor name {quote(name)} holds a control or formatting character"
+    return None
+
+
+def _check(m: Manifest) -> None:
+    """Raise _Invalid naming the first broken rule of ``m``."""
+    if not (type(m.format) is str and _KEY.fullmatch(m.format)):
+        raise _Invalid(f"format {_show(m.format)} is not a format key")
+    for what, problem in (
+        ("the file's size", _int_problem(m.size, MAX_FILE_BYTES)),
+        ("the header's hash", _hex_problem(m.glue.hash)),
+        ("the header object's", _ref_problem(m.glue.ref)),
+    ):
+        if problem is not None:
+            raise _Invalid(f"{what} {problem}")
+    if type(m.tensors) is not dict or len(m.tensors) > MAX_TENSORS:
+        raise _Invalid(f"tensors must be an object of at most {MAX_TENSORS:,} entries")
+    sized, opaque = 0, False
+    for name, entry in m.tensors.items():
+        problem = _name_problem(name)
+        if problem is not None:
+            raise _Invalid(problem)
+        try:
+            nbytes = _entry_nbytes(entry)
+        except _Invalid as exc:
+            raise _Invalid(f"tensor {quote(name)}: {exc}") from None
+        if nbytes is None:
+            opaque = True
+        else:
+            sized += nbytes
+    _check_layout(m, sized, opaque)
+
+
+def _entry_nbytes(entry: TensorEntry) -> int | None:
+    """Check one tensor's entry; return its byte size (None for an opaque dtype).
+
+    Raises _Invalid with a message to follow "tensor NAME: ".
+    """
+    dtype, shape = entry.dtype, entry.shape
+    if type(dtype) is not str or not (
+        dtype in DTYPES or dtype in BLOCKS or _OPAQUE_DTYPE.fullmatch(dtype)
+    ):
+        raise _Invalid(f"unknown dtype {_show(dtype)}")
+    if type(shape) is not tuple or len(shape) > MAX_DIMS:
+        raise _Invalid(f"the shape is not a list of at most {MAX_DIMS} dimensions")
+    for dim in shape:
+        if type(dim) is not int or not 0 <= dim <= MAX_TENSOR_BYTES:
+            raise _Invalid(f"the shape has a dimension that {_int_problem(dim, MAX_TENSOR_BYTES)}")
+    count = math.prod(shape)
+    if count > MAX_TENSOR_BYTES:
+        raise _Invalid(f"{count:,} elements, more than git-theta reads")
+    nbytes = expected_nbytes(dtype, shape)
+    if nbytes is not None and nbytes < 0:
+        raise _Invalid(f"shape {list(shape)} is not whole {dtype} blocks")
+    if nbytes is not None and nbytes > MAX_TENSOR_BYTES:
+        raise _Invalid(f"{nbytes:,} bytes, more than git-theta reads")
+    problem = _hex_problem(entry.hash)
+    if problem is not None:
+        raise _Invalid(f"the hash {problem}")
+    chain = entry.chain
+    if type(chain) is not tuple or not 1 <= len(chain) <= MAX_LINKS:
+        raise _Invalid(f"the chain must have 1 to {MAX_LINKS} links")
+    for link in chain:
+        if not (type(link.update) is str and _KEY.fullmatch(link.update)):
+            raise _Invalid(f"update type {_show(link.update)} is not a key")
+        if not (type(link.codec) is str and _CODEC.fullmatch(link.codec)):
+            raise _Invalid(f"codec {_show(link.codec)} is not a key")
+        problem = _ref_problem(link.ref)
+        if problem is not None:
+            raise _Invalid(f"an object's {problem}")
+    return nbytes
+
+
+def _check_layout(m: Manifest, sized: int, opaque: bool) -> None:
+    """Every tensor exactly once, glue lengths positive, and the bytes add up to the size."""
+    if type(m.layout) is not tuple or len(m.layout) > 2 * len(m.tensors) + 1:
+        raise _Invalid(f"the layout holds more items than {len(m.tensors):,} tensors need")
+    seen: set[str] = set()
+    glue = 0
+    for item in m.layout:
+        if type(item) is int:
+            if not 0 < item <= MAX_FILE_BYTES:
+                raise _Invalid(f"the layout holds a glue length of {item}")
+            glue += item
+        elif type(item) is str:
+            if item not in m.tensors:
+                raise _Invalid(f"the layout names unknown tensor {quote(item)}")
+            if item in seen:
+                raise _Invalid(f"the layout names tensor {quote(item)} twice")
+            seen.add(item)
+        else:
+            raise _Invalid(f"the layout holds {_show(item)}, neither a length nor a name")
+    if len(seen) != len(m.tensors):
+        missing = min(set(m.tensors) - seen)
+        raise _Invalid(f"tensor {quote(missing)} is not in the layout")
+    total = glue + sized
+    if total != m.size and not (opaque and total < m.size):
+        raise _Invalid(
+            f"the layout's glue ({glue:,} bytes) and tensors ({sized:,} bytes) add up to "
+            f"{total:,} bytes, but the file's size is {m.size:,}"
+        )

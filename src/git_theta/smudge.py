@@ -12,8 +12,9 @@ from collections.abc import Callable, Iterable
 
 from git_theta import chains
 from git_theta.content import content_hash
+from git_theta.display import quote
 from git_theta.errors import ObjectCorruptError, ObjectMissingError, ThetaError
-from git_theta.manifest import Manifest, is_manifest, parse
+from git_theta.manifest import MAX_BYTES, PREFIX, Manifest, glue_size, is_manifest, parse
 from git_theta.parallel import ordered_map
 from git_theta.progress import Progress
 from git_theta.protocol.filter_process import Sink, Source
@@ -27,7 +28,7 @@ def needed_objects(manifest: Manifest) -> list[tuple[str, ObjectRef]]:
     """Return (what, object) for every object the manifest needs to be rebuilt."""
     out = [("the file's header", manifest.glue.ref)]
     for name in sorted(manifest.tensors):
-        out.extend((f"tensor {name!r}", link.ref) for link in manifest.tensors[name].chain)
+        out.extend((f"tensor {quote(name)}", link.ref) for link in manifest.tensors[name].chain)
     return out
 
 
@@ -64,11 +65,55 @@ def smudge(
     ``fetch`` first. Raises ObjectMissingError or ObjectCorruptError (naming the tensor and
     the object) before or while writing.
     """
-    data = source.read()
-    if not is_manifest(data):
-        sink.write(data)
+    head = _read_up_to(source, len(PREFIX))
+    if not is_manifest(head):  # not ours: passed through as it comes, never held whole
+        sink.write(head)
+        while piece := source.read(_PASS_CHUNK):
+            sink.write(piece)
         return
+    # One byte more than a manifest may have is enough to know it is too large.
+    data = head + _read_up_to(source, MAX_BYTES + 1 - len(head))
     write_checkpoint(parse(data), sink, path, store, show_progress, fetch)
+
+
+_PASS_CHUNK = 1 << 20
+_PIECE = 64 << 10  # a read reserves what it asks for: a manifest is mostly a few kB
+
+
+def _read_up_to(source: Source, n: int) -> bytes:
+    """Return the next ``n`` bytes of ``source``, fewer only where it ends."""
+    parts = []
+    while n > 0 and (piece := source.read(min(n, _PIECE))):
+        parts.append(piece)
+        n -= len(piece)
+    return b"".join(parts)
+
+
+def read_glue(manifest: Manifest, store: ObjectStore) -> bytearray:
+    """Return the file's glue bytes, decoded and verified.
+
+    The layout's glue lengths say exactly how long the glue is: an object that decodes to
+    more fails before it is allocated, one that decodes to less before anything is
+    written. Raises ObjectCorruptError (or ObjectMissingError) naming the object.
+    """
+    from git_theta import codec
+
+    glue_bytes = glue_size(manifest)
+    oid = manifest.glue.ref.oid
+    try:
+        glue = codec.decode(store.get(manifest.glue.ref), limit=glue_bytes)
+    except ThetaError as exc:
+        message = str(exc) if oid in str(exc) else f"object {oid}: {exc}"
+        exc.args = (f"the file's header: {message}",)
+        raise
+    if len(glue) != glue_bytes:
+        raise ObjectCorruptError(
+            f"the file's header: object {oid} gives {len(glue):,} bytes; the manifest's "
+            f"layout expects {glue_bytes:,}"
+        )
+    if content_hash(glue) != manifest.glue.hash:
+        raise ObjectCorruptError(f"the file's header: object {oid} is corrupt")
+    return glue
 
 
 def write_checkpoint(
@@ -83,9 +128,7 @@ def write_checkpoint(
     ensure_objects(manifest, store, fetch)
     from git_theta import codec
 
-    glue = codec.decode(store.get(manifest.glue.ref))
-    if content_hash(glue) != manifest.glue.hash:
-        raise ObjectCorruptError(f"header object {manifest.glue.ref.oid} is corrupt")
+    glue = read_glue(manifest, store)
     names = [item for item in manifest.layout if isinstance(item, str)]
     progress = Progress(f"checking out {path}", manifest.size, len(names), show_progress)
     from git_theta.updates import UPDATES
@@ -100,7 +143,7 @@ def write_checkpoint(
         entry = manifest.tensors[name]
         if chains.streamable(entry):
             return None  # written chunk by chunk below, in order
-        return chains.rebuild(name, entry, store)
+        return chains.rebuild(name, entry, store, limit=manifest.size)
 
     def weight(name: str) -> int:
         entry = manifest.tensors[name]
@@ -118,7 +161,7 @@ def write_checkpoint(
         else:
             value = next(values)
             if value is None:
-                for piece in chains.stream(item, manifest.tensors[item], store):
+                for piece in chains.stream(item, manifest.tensors[item], store, manifest.size):
                     sink.write(piece)  # copied or written out: the sink keeps no reference
                     progress.advance(len(piece), 0)
                     codec.recycle(piece)
