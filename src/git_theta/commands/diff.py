@@ -12,6 +12,7 @@ from typing import Any
 
 from git_theta import git
 from git_theta.diffing import FileDiff, TensorDiff, TensorSide, compare, from_file, from_manifest
+from git_theta.display import escape
 from git_theta.errors import UsageError
 from git_theta.files import open_regular
 from git_theta.history import manifests_at, manifests_in_index
@@ -87,7 +88,10 @@ def _group(name: str) -> str:
 
 
 def render_text(report: FileDiff, stat: bool, colour: bool) -> str:
-    lines = [f"diff --theta a/{report.path} b/{report.path}", _header(report)]
+    """The report as lines for a terminal. Names, paths and dtypes come from the
+    repository: each line is escaped (display.escape) before our colours are added."""
+    path = escape(report.path)
+    lines = [f"diff --theta a/{path} b/{path}", _header(report)]
     if stat:
         groups: dict[str, list[TensorDiff]] = {}
         for t in report.tensors:
@@ -98,10 +102,10 @@ def render_text(report: FileDiff, stat: bool, colour: bool) -> str:
                 f"{n} {k}" for k in ("modified", "added", "removed")
                 if (n := sum(t.status == k for t in items))
             )  # fmt: skip
-            lines.append(f" {prefix}  {kinds}, {params:,} parameters")
+            lines.append(escape(f" {prefix}  {kinds}, {params:,} parameters"))
     else:
         for t in report.tensors:
-            line = _tensor_line(t)
+            line = escape(_tensor_line(t))
             lines.append(f"{_COLOURS[t.status]}{line}\033[0m" if colour else line)
     if report.unchanged:
         plural = "s" if report.unchanged != 1 else ""
@@ -240,7 +244,7 @@ def diff_driver(args: list[str]) -> int:
     only the tensors that changed are decoded.
     """
     if len(args) < 7:
-        sys.stdout.write(f"* Unmerged path {args[0] if args else ''}\n")
+        sys.stdout.write(f"* Unmerged path {escape(args[0]) if args else ''}\n")
         return 0
     path, old_file, old_hex, _, new_file, new_hex, _ = args[:7]
     store = Repo().store

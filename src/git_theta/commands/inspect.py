@@ -6,7 +6,8 @@ import math
 import sys
 
 from git_theta import git
-from git_theta.errors import ThetaError
+from git_theta.display import escape
+from git_theta.errors import ManifestError, ThetaError
 from git_theta.history import manifests_at, manifests_in_index
 from git_theta.manifest import PREFIX, parse
 
@@ -17,7 +18,7 @@ def ls_files(rev: str | None) -> int:
     for path, m in sorted(found):
         params = sum(math.prod(e.shape) for e in m.tensors.values())
         sys.stdout.write(
-            f"{path}\t{m.format}\t{len(m.tensors)} tensors\t{params:,} parameters\t"
+            f"{escape(path)}\t{m.format}\t{len(m.tensors)} tensors\t{params:,} parameters\t"
             f"{m.size:,} bytes\n"
         )
     return 0
@@ -34,11 +35,16 @@ def show(spec: str) -> int:
     blob = git.blobs_starting_with([oid], PREFIX).get(oid)
     if blob is None:
         raise ThetaError(f"{spec}: not a git-theta checkpoint")
-    m = parse(blob)
-    sys.stdout.write(f"{path} at {rev or 'the index'}: {m.format}, {m.size:,} bytes\n")
+    try:
+        m = parse(blob)
+    except ManifestError as exc:
+        exc.args = (f"{spec}: {exc}",)
+        raise
+    where = escape(rev) or "the index"
+    sys.stdout.write(f"{escape(path)} at {where}: {m.format}, {m.size:,} bytes\n")
     for name in sorted(m.tensors):
         e = m.tensors[name]
         chain = " + ".join(f"{link.update} {link.ref.size:,} B" for link in e.chain)
         shape = ", ".join(map(str, e.shape))
-        sys.stdout.write(f"{name}\t{e.dtype}\t[{shape}]\t{chain}\t{e.hash[:12]}\n")
+        sys.stdout.write(f"{escape(name)}\t{e.dtype}\t[{shape}]\t{chain}\t{e.hash[:12]}\n")
     return 0

@@ -13,6 +13,7 @@ import numpy as np
 
 from git_theta.commands.diff import file_side
 from git_theta.diffing import from_file
+from git_theta.display import escape
 from git_theta.files import open_regular
 from git_theta.manifest import is_manifest
 from git_theta.repo import Repo
@@ -41,6 +42,7 @@ def textconv(path: str) -> int:
     for name in sorted(sides):
         side = sides[name]
         shape = ", ".join(map(str, side.shape))
-        out.append(f"{name}  {side.dtype} [{shape}]{norms.get(name, '')}  {side.hash[:12]}")
+        line = f"{name}  {side.dtype} [{shape}]{norms.get(name, '')}  {side.hash[:12]}"
+        out.append(escape(line))  # names and dtypes come from the repository
     sys.stdout.write("\n".join(out) + "\n")
     return 0
