@@ -107,8 +107,12 @@ def doctor() -> int:
     for key, value in sorted(config.items()):
         if key not in COMMAND_KEYS:
             out.append(f"{key} = {value}")
+    from git_theta import filter_client, forkserver
+
     mode = "warm server" if "filter_client" in config.get("filter.theta.process", "") else "direct"
-    out.append(f"filter process: {mode}")
+    running = forkserver.find_servers(filter_client.server_dirs())
+    pids = ", ".join(str(server.pid) for server in running) or "none"
+    out.append(f"filter process: {mode}; warm servers running: {pids}")
     if git.inside_work_tree():
         hooks = git.hooks_dir()
         out.append(f"hooks directory: {hooks}")

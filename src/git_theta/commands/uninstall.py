@@ -13,8 +13,8 @@ SECTIONS = ("filter.theta", "diff.theta", "merge.theta", "theta")
 
 def uninstall(scope: str) -> int:
     """Remove git-theta's config sections from ``scope`` and, inside a repository, its
-    hooks (chained hooks are put back). Checkpoints already committed stay manifests:
-    reinstall to check them out. Returns 0."""
+    hooks (chained hooks are put back); stop running warm filter servers. Checkpoints
+    already committed stay manifests: reinstall to check them out. Returns 0."""
     removed = []
     for section in SECTIONS:
         done = run("git", "config", f"--{scope}", "--remove-section", section, check=False)
@@ -22,6 +22,9 @@ def uninstall(scope: str) -> int:
             removed.append(section)
     what = ", ".join(f"[{s}]" for s in removed) if removed else "nothing"
     sys.stderr.write(f"git-theta: removed {what} from the {scope} git config\n")
+    from git_theta.commands.server import stop
+
+    stop()  # a running warm server would keep serving the filter just removed
     if git.inside_work_tree():
         try:
             for line in remove_hooks():
