@@ -37,7 +37,7 @@ def direct_filter(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def objects(repo: Path) -> Path:
-    return repo / ".git" / "lfs" / "objects"
+    return repo / ".git" / "lfs"
 
 
 def write(repo: Path, version: int, branch: str = "main") -> str:
@@ -86,7 +86,7 @@ def test_kill_9_at_the_first_object_rename_of_an_add_then_the_retry_commits(repo
     assert "clean filter 'theta' failed" in done.stderr.decode()
     assert staged(repo) == b""
     stale = temporaries(repo)
-    assert len(stale) == 1 and stale[0].startswith(".git/lfs/tmp/theta-")
+    assert len(stale) == 1 and "/tmp/theta-" in stale[0]
     assert corrupt_objects(objects(repo)) == []
 
     git(repo, "add", MODEL)

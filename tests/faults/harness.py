@@ -319,16 +319,25 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def corrupt_objects(objects: Path) -> list[str]:
-    """Objects in an LFS object directory whose bytes do not hash to their name (or whose
+def lfs_objects(lfs: Path) -> dict[str, Path]:
+    """oid -> file of every object under an LFS directory (``.git/lfs``, or a bare
+    remote's ``lfs``), wherever below it the object directories are (git-lfs's
+    ``objects/``, or a store of git-theta's own beside it): files at ``objects/aa/bb/NAME``."""
+    found = {}
+    for path in lfs.rglob("*") if lfs.exists() else []:
+        if path.parent.parent.parent.name == "objects" and path.is_file():
+            found[path.name] = path
+    return found
+
+
+def corrupt_objects(lfs: Path) -> list[str]:
+    """Objects under an LFS directory whose bytes do not hash to their name (or whose
     name is not an oid): what no fault may leave behind."""
     bad = []
-    for path in objects.rglob("*") if objects.exists() else []:
-        if path.is_file():
-            name = path.name
-            if len(name) != 64 or not set(name) <= HEX or sha256_file(path) != name:
-                bad.append(str(path.relative_to(objects)))
-    return bad
+    for name, path in lfs_objects(lfs).items():
+        if len(name) != 64 or not set(name) <= HEX or sha256_file(path) != name:
+            bad.append(str(path.relative_to(lfs)))
+    return sorted(bad)
 
 
 def manifest_oids(manifest: bytes) -> set[str]:
@@ -341,14 +350,15 @@ def manifest_oids(manifest: bytes) -> set[str]:
 
 
 def temporaries(repo: Path) -> list[str]:
-    """Files a command leaves only when it did not finish: anything under .git/lfs/tmp,
+    """Files a command leaves only when it did not finish: anything in a tmp directory
+    under .git/lfs (git-lfs's, or a store of git-theta's own beside it),
     and git-theta's temporaries beside the files it replaces (work-tree checkpoints,
     hooks, attributes: `.NAME.theta-*`, `NAME.theta-tmp*`)."""
     git_dir = repo / ".git"
     found = []
-    tmp = git_dir / "lfs" / "tmp"
-    for path in tmp.rglob("*") if tmp.exists() else []:
-        if path.is_file():
+    lfs = git_dir / "lfs"
+    for path in lfs.rglob("*") if lfs.exists() else []:
+        if "tmp" in path.relative_to(lfs).parts[:-1] and path.is_file():
             found.append(str(path.relative_to(repo)))
     for base in (repo, git_dir / "hooks"):
         for path in base.iterdir() if base.is_dir() else []:

@@ -21,6 +21,7 @@ from faults.harness import (
     corrupt_objects,
     fill,
     left_after_prune,
+    lfs_objects,
     read_only,
     remove_stale_lock,
     rmtree,
@@ -221,8 +222,7 @@ def _ahead(world: World, remote: str) -> None:
 def remote_objects(world: World, remote: str, server: LfsServer | None) -> dict[str, Path]:
     """oid -> file of every object the remote's LFS store holds for this world."""
     if remote == "file":
-        root = world.remotes["file"] / "lfs" / "objects"
-        return {p.name: p for p in root.rglob("*") if p.is_file()} if root.exists() else {}
+        return lfs_objects(world.remotes["file"] / "lfs")
     assert server is not None  # giftless keeps STORAGE/ORG/REPO/OID; the repo is the world
     ours = {f"world{world.number}", f"world{world.number}.git"}
     found = server.storage.rglob("*") if server.storage.exists() else []
@@ -320,7 +320,7 @@ def kill_clone(world: World, ctx: Context) -> Fault:
     fault.outcome = outcome_of(done)
     fault.unclear += unclear_lines(done.stderr)
     if dest.exists():
-        fault.corrupt += corrupt_objects(world.objects_dir(dest))
+        fault.corrupt += corrupt_objects(world.lfs_dir(dest))
     resumable = (
         dest.exists() and run(["git", "rev-parse", "-q", "--verify", "HEAD"], dest, env).ok()
     )
@@ -339,7 +339,7 @@ def kill_clone(world: World, ctx: Context) -> Fault:
         mismatch = world.matches(dest, tip)
         if mismatch:
             fault.problems.append(mismatch)
-        fault.corrupt += corrupt_objects(world.objects_dir(dest))
+        fault.corrupt += corrupt_objects(world.lfs_dir(dest))
     fault.stale_after_retry += temporaries(dest)
     if dest.exists():
         fault.stale_after_prune += left_after_prune(dest, env)[0]

@@ -10,7 +10,16 @@ from pathlib import Path
 import numpy as np
 from st_files import st_bytes
 
-from faults.harness import MODEL, Done, Ledger, corrupt_objects, rmtree, run, sha256_file
+from faults.harness import (
+    MODEL,
+    Done,
+    Ledger,
+    corrupt_objects,
+    lfs_objects,
+    rmtree,
+    run,
+    sha256_file,
+)
 
 # ~20 MB: big enough that an add or a checkout spends a few tenths of a second writing
 # objects or the file (room for a kill to land inside), small enough for hundreds.
@@ -146,16 +155,16 @@ class World:
 
     # -------------------------------------------------------------- checks
 
-    def objects_dir(self, where: Path | None = None) -> Path:
-        return (where or self.repo) / ".git" / "lfs" / "objects"
+    def lfs_dir(self, where: Path | None = None) -> Path:
+        return (where or self.repo) / ".git" / "lfs"
 
     def corrupt(self) -> list[str]:
-        return corrupt_objects(self.objects_dir())
+        return corrupt_objects(self.lfs_dir())
 
     def lost_locally(self) -> tuple[int, list[str]]:
         """Bytes of committed files that can no longer be rebuilt here (an object a
         commit needs is missing), and which commits."""
-        present = {p.name for p in self.objects_dir().rglob("*") if p.is_file()}
+        present = set(lfs_objects(self.lfs_dir()))
         lost, which = 0, []
         for commit in self.ledger.files:
             if self.ledger.oids(self.repo, self.env, commit) - present:
