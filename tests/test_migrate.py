@@ -314,6 +314,21 @@ def test_a_raw_checkpoint_blob_in_history_is_imported(
     git(repo, "checkout", "-q", "main")
     assert status(repo) == ""
 
+    # Exported, the raw version becomes a Git LFS object where git-lfs itself finds it.
+    assert main(["migrate", "export"]) == 0
+    exported = commits(repo)
+    pointer = blob(repo, f"{exported['raw']}:model.safetensors")
+    oid = pointer.split(b"oid sha256:")[1][:64].decode()
+    assert pointer == (
+        f"{POINTER_START.decode()}oid sha256:{oid}\nsize {len(st_from_arrays(w1))}\n".encode()
+    )
+    assert (repo / ".git/lfs/objects" / oid[:2] / oid[2:4] / oid).is_file()
+    assert status(repo) == ""
+    for subject, c in exported.items():
+        files = but_attributes(checked_out_files(repo, c))
+        assert files == but_attributes(expected[subject]), subject
+    git(repo, "checkout", "-q", "main")
+
 
 def test_a_clone_rewrites_published_history_only_when_asked(
     hf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

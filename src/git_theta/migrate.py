@@ -23,6 +23,7 @@ import contextlib
 import hashlib
 import io
 import os
+import stat
 import sys
 import tempfile
 import time
@@ -33,13 +34,14 @@ from git_theta import git, lfs_pointer
 from git_theta.clean import clean
 from git_theta.commands.track import OURS, update_attributes
 from git_theta.errors import CheckpointError, ObjectCorruptError, ThetaError
+from git_theta.files import TempFile
 from git_theta.history import MAX_MANIFEST
 from git_theta.manifest import Manifest, is_manifest, parse
 from git_theta.proc import Helper, run, start
 from git_theta.protocol.filter_process import Sink
 from git_theta.repo import Repo
 from git_theta.smudge import needed_objects, write_checkpoint
-from git_theta.store import ObjectRef, ObjectStore
+from git_theta.store import TMP_PREFIX, ObjectRef
 from git_theta.transfer import POINTER
 
 # File names whose Git LFS lines an import takes over when no --include is given.
@@ -473,7 +475,7 @@ class _Rewriter:
         self.scratch = scratch
         self.objects = _Objects(scratch)
         self.repo = Repo()
-        self.lfs = ObjectStore(git.lfs_storage_dir())
+        self.store = self.repo.store  # git-theta's objects; lfs_path(): git-lfs's
         self.commit_map: dict[str, str] = {}
         self.current = ""  # the commit being rewritten, for messages
         self._done: dict[str, tuple[str, str, str]] = {}  # commit -> orig, new tree, key
@@ -558,6 +560,18 @@ class _Rewriter:
                 new = self.objects.write("blob", new_text.encode(errors="surrogateescape"))
             self._rules[oid] = _Rules(f"{oid}>{new}", oid, new)
         return self._rules[oid]
+
+    def lfs_copy(self, ref: ObjectRef) -> str | None:
+        """Where a Git LFS object is, at its size: git-lfs's directory, else ours (where a
+        download from a ``file://`` remote is copied); None when neither has it."""
+        for path in (self.store.lfs_path(ref.oid), self.store.path(ref.oid)):
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(st.st_mode) and st.st_size == ref.size:
+                return path
+        return None
 
     def new_tip(self, oid: str, kind: str) -> str:
         """What a ref holding ``oid`` (a commit, or an annotated tag) moves to."""
@@ -718,10 +732,15 @@ class _Importer(_Rewriter):
 
     @contextlib.contextmanager
     def lfs_object(self, ref: ObjectRef) -> Iterator[_Verified]:
-        if not self.lfs.has(ref):
+        """Yield the Git LFS object ``ref`` as a checked stream, downloaded if need be."""
+        path = self.lfs_copy(ref)
+        if path is None:
             self.repo.downloader.fetch([ref])
+            path = self.lfs_copy(ref)
         try:
-            fh = open(self.lfs.path(ref.oid), "rb")  # noqa: SIM115 - closed below
+            if path is None:
+                raise FileNotFoundError
+            fh = open(path, "rb")  # noqa: SIM115 - closed below
         except FileNotFoundError:
             raise MigrateError(
                 f"Git LFS object {ref.oid} is not local and could not be downloaded: "
@@ -792,27 +811,16 @@ class _Exporter(_Rewriter):
         return self.objects.write("blob", POINTER.format(oid=ref.oid, size=ref.size).encode())
 
     def put_lfs(self, fill: Callable[[Sink], None]) -> ObjectRef:
-        """Store what ``fill`` writes as a Git LFS object (temporary name, then renamed);
-        return its reference."""
-        fd, tmp = tempfile.mkstemp(prefix=f"theta-{os.getpid()}-", dir=self.lfs.tmp_dir())
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                sink = _HashingSink(fh)
-                fill(sink)
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)
+        """Store what ``fill`` writes as a Git LFS object in git-lfs's own directory
+        (a temporary, renamed once complete); return its reference."""
+        with TempFile(self.store.tmp_dir(), TMP_PREFIX) as tmp:
+            sink = _HashingSink(tmp.file)
+            fill(sink)
             ref = ObjectRef(sink.digest.hexdigest(), sink.size)
-            final = self.lfs.path(ref.oid)
-            if self.lfs.has(ref):
-                os.unlink(tmp)
-            else:
+            final = self.store.lfs_path(ref.oid)
+            if self.lfs_copy(ref) != final:  # else the temporary is removed on leaving
                 os.makedirs(os.path.dirname(final), exist_ok=True)
-                os.replace(tmp, final)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+                tmp.commit(final)
         return ref
 
     def stats(self) -> tuple[int, int, int]:
