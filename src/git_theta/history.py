@@ -4,23 +4,32 @@ from __future__ import annotations
 
 from git_theta import git
 from git_theta.errors import ManifestError
-from git_theta.manifest import PREFIX, Manifest, is_manifest, parse
+from git_theta.manifest import MAX_BYTES, PREFIX, Manifest, is_manifest, parse
 
-MAX_MANIFEST = 64 << 20  # larger blobs are not candidate manifests (~200 B per tensor)
+MAX_MANIFEST = MAX_BYTES  # larger blobs are not candidate manifests (parse refuses them)
 
 
-def _parse_all(blobs: list[tuple[str, str]], cwd: str | None) -> list[tuple[str, Manifest]]:
+def manifest_blobs(
+    blobs: list[tuple[str, str]], cwd: str | None = None
+) -> list[tuple[str, str, bytes]]:
+    """Return (blob id, path, content) for those of ``blobs`` that are manifests, unparsed."""
     sizes = git.blob_sizes(sorted({oid for oid, _ in blobs}), cwd)
     wanted = [oid for oid, size in sizes.items() if size <= MAX_MANIFEST]
     contents = git.blobs_starting_with(wanted, PREFIX, cwd)
+    return [
+        (oid, path, data)
+        for oid, path in blobs
+        if (data := contents.get(oid)) is not None and is_manifest(data)
+    ]
+
+
+def _parse_all(blobs: list[tuple[str, str]], cwd: str | None) -> list[tuple[str, Manifest]]:
     found: list[tuple[str, Manifest]] = []
-    for oid, path in blobs:
-        data = contents.get(oid)
-        if data is not None and is_manifest(data):
-            try:
-                found.append((path, parse(data)))
-            except ManifestError as exc:
-                raise ManifestError(f"{path} (blob {oid}): {exc}") from None
+    for oid, path, data in manifest_blobs(blobs, cwd):
+        try:
+            found.append((path, parse(data)))
+        except ManifestError as exc:
+            raise ManifestError(f"{path} (blob {oid}): {exc}") from None
     return found
 
 

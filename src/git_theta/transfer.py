@@ -71,15 +71,20 @@ def push(remote: str, refs: Iterable[ObjectRef], cwd: str | None = None) -> int:
 def local_remote_objects(cwd: str | None = None) -> Path | None:
     """The LFS object directory of git-lfs's download endpoint when that is a ``file://``
     repository on this machine; None otherwise (or when git-lfs cannot say)."""
-    import urllib.parse
-
     try:
         env = run("git", "lfs", "env", cwd=cwd).stdout.decode(errors="replace")
     except CommandError:
         return None
     # The first Endpoint line is the remote git-lfs itself would download from.
     url = next((ln[9:] for ln in env.splitlines() if ln.startswith("Endpoint=")), "")
-    url = url.rsplit(" (auth=", 1)[0]
+    return file_store(url.rsplit(" (auth=", 1)[0])
+
+
+def file_store(url: str) -> Path | None:
+    """The LFS object directory of the repository a ``file://`` endpoint names (its own
+    ``lfs.storage`` honoured); None for another kind of URL or no repository there."""
+    import urllib.parse
+
     if not url.startswith("file://"):
         return None
     root = Path(urllib.parse.unquote(urllib.parse.urlsplit(url).path))

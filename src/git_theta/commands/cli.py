@@ -100,6 +100,12 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("show", help="list a version's tensors: [REV:]PATH")
     p.add_argument("spec", metavar="[REV:]PATH")
 
+    p = sub.add_parser(
+        "fsck", help="check that every version can be checked out: manifests, objects, hashes"
+    )
+    p.add_argument("revs", nargs="*", metavar="REV", help="default: every ref and the index")
+    p.add_argument("--remote", metavar="NAME", help="also list the objects this remote lacks")
+
     p = sub.add_parser("prune", help="delete local tensor objects no commit, index or reflog needs")
     p.add_argument("--dry-run", action="store_true", help="only say what would be deleted")
 
@@ -206,6 +212,10 @@ def main(argv: list[str] | None = None) -> int:
             from git_theta.commands.inspect import show
 
             return show(args.spec)
+        if args.command == "fsck":
+            from git_theta.commands.fsck import fsck
+
+            return fsck(args.revs, args.remote)
         if args.command == "prune":
             from git_theta.commands.prune import prune
 
