@@ -197,3 +197,14 @@ def test_an_unknown_remote_is_one_error_line(
         err
         == "git-theta: error: 'nowhere' is not a remote with a Git LFS endpoint (`git remote -v`)\n"
     )
+
+
+def test_outside_a_repository_is_one_error_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["fsck"]) == 1
+    _, err = capsys.readouterr()
+    assert (
+        err == "git-theta: error: not inside a git work tree: run git theta fsck in a repository\n"
+    )

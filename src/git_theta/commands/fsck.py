@@ -114,6 +114,8 @@ def _check_remote(report: _Report, remote: str, cwd: str) -> None:
 
 def fsck(revs: list[str], remote: str | None) -> int:
     """Check every manifest reachable from ``revs``; return 0 when all is well, else 1."""
+    if not git.inside_work_tree():
+        raise ThetaError("not inside a git work tree: run git theta fsck in a repository")
     top = str(git.toplevel())
     store = Repo(top).store
     report = _Report()
