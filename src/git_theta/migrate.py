@@ -30,14 +30,15 @@ import time
 from collections.abc import Callable, Iterator
 from typing import IO, NamedTuple
 
-from git_theta import git, lfs_pointer
+from git_theta import git, git_objects, lfs_pointer
 from git_theta.clean import clean
 from git_theta.commands.track import OURS, update_attributes
 from git_theta.errors import CheckpointError, ObjectCorruptError, ThetaError
 from git_theta.files import TempFile
+from git_theta.git_objects import REGULAR, TREE, Entry
 from git_theta.history import MAX_MANIFEST
 from git_theta.manifest import Manifest, is_manifest, parse
-from git_theta.proc import Helper, run, start
+from git_theta.proc import run
 from git_theta.protocol.filter_process import Sink
 from git_theta.repo import Repo
 from git_theta.smudge import needed_objects, write_checkpoint
@@ -52,15 +53,6 @@ LFS_ATTRS = ("filter=lfs", "diff=lfs", "merge=lfs", "-text")
 ATTRIBUTES_CAP = 16 << 20  # a larger .gitattributes is refused (nobody writes 16 MB by hand)
 MESSAGE = "git theta migrate {mode}"
 
-_TREE = b"40000"
-_REGULAR = (b"100644", b"100755", b"100664")  # 100664: written by very old gits
-_SIGNATURE_HEADERS = (b"gpgsig", b"gpgsig-sha256")
-_SIGNATURE_STARTS = (
-    b"-----BEGIN PGP SIGNATURE-----",
-    b"-----BEGIN PGP MESSAGE-----",
-    b"-----BEGIN SSH SIGNATURE-----",
-    b"-----BEGIN SIGNED MESSAGE-----",
-)
 _READERS_OPEN = 8  # `git check-attr` processes kept running (one per .gitattributes text)
 
 
@@ -81,12 +73,6 @@ class Result(NamedTuple):
     on_remote: list[str]
 
 
-class _Entry(NamedTuple):
-    mode: bytes
-    name: bytes
-    oid: str
-
-
 class _Side(NamedTuple):
     """A parent commit's view of one directory: its tree there before and after the
     rewrite, and the key of the rules it was rewritten with (None: left as it was)."""
@@ -99,8 +85,8 @@ class _Side(NamedTuple):
 class _AtParent(NamedTuple):
     """A path's entry in one parent, before and after that parent's rewrite."""
 
-    old: _Entry | None
-    new: _Entry | None
+    old: Entry | None
+    new: Entry | None
     rewritten: bool  # False: a parent outside the rewrite (on a remote), left as it was
 
 
@@ -115,136 +101,6 @@ class _Rules(NamedTuple):
     def attributes(self) -> str | None:
         """The blob to put at the root, None: leave the entry as it is."""
         return self.new if self.new != self.old else None
-
-
-# ---------------------------------------------------------------------------------------
-# git plumbing: one reader, one writer per object type, one attribute reader per text
-
-
-def _pipes(proc: Helper) -> tuple[IO[bytes], IO[bytes]]:
-    assert proc.stdin is not None and proc.stdout is not None
-    return proc.stdin, proc.stdout
-
-
-def _stop(proc: Helper) -> None:
-    """Close a helper's pipes and wait for it (it sees EOF, or EPIPE if mid-answer)."""
-    for stream in (proc.stdin, proc.stdout):
-        if stream is not None:
-            with contextlib.suppress(OSError):
-                stream.close()
-    proc.wait()
-
-
-class _Objects:
-    """Reads objects through one ``git cat-file --batch-command`` and writes them through
-    one ``git hash-object --stdin-paths`` per type (a process per object would cost more
-    than the rewrite of a whole commit)."""
-
-    def __init__(self, scratch: str):
-        self._scratch = os.path.join(scratch, "object")
-        self._reader = start("git", *git.NO_FILTER, "cat-file", "--batch-command")
-        self._writers: dict[str, Helper] = {}
-        self.oid_bytes = (
-            32 if git.git("rev-parse", "--show-object-format").strip() == b"sha256" else 20
-        )
-
-    def _ask(self, command: str, oid: str) -> list[bytes]:
-        inp, out = _pipes(self._reader)
-        inp.write(f"{command} {oid}\n".encode())
-        inp.flush()
-        header = out.readline().split()
-        if len(header) != 3:
-            raise MigrateError(f"object {oid} is missing from the repository: run `git fsck`")
-        return header
-
-    def info(self, oid: str) -> tuple[str, int]:
-        """Return the type and size of ``oid``."""
-        header = self._ask("info", oid)
-        return header[1].decode(), int(header[2])
-
-    def read(self, oid: str) -> tuple[str, bytes]:
-        """Return the type and content of ``oid`` (commits, trees, small blobs only)."""
-        header = self._ask("contents", oid)
-        _, out = _pipes(self._reader)
-        data = out.read(int(header[2]))
-        out.read(1)  # the newline after the content
-        return header[1].decode(), data
-
-    def write(self, kind: str, data: bytes) -> str:
-        """Store ``data`` as an object of ``kind``; return its id."""
-        if kind not in self._writers:
-            literally = () if kind == "blob" else ("--literally",)  # keep odd old objects
-            self._writers[kind] = start(
-                "git", *git.NO_FILTER, "hash-object", "-w", "-t", kind, *literally,
-                "--no-filters", "--stdin-paths",
-            )  # fmt: skip
-        with open(self._scratch, "wb") as fh:
-            fh.write(data)
-        inp, out = _pipes(self._writers[kind])
-        inp.write(os.fsencode(self._scratch) + b"\n")
-        inp.flush()
-        oid = out.readline().strip().decode()
-        if not oid:
-            raise MigrateError(f"git could not write a {kind} object: see its message above")
-        return oid
-
-    @contextlib.contextmanager
-    def stream(self, oid: str) -> Iterator[io.BufferedReader]:
-        """Yield the content of blob ``oid`` as a stream (checkpoints never sit in memory)."""
-        proc = start("git", *git.NO_FILTER, "cat-file", "blob", oid)
-        _, out = _pipes(proc)
-        assert isinstance(out, io.BufferedReader)
-        try:
-            yield out
-            while out.read(1 << 20):
-                pass
-        finally:
-            _stop(proc)
-
-    def close(self) -> None:
-        for proc in [self._reader, *self._writers.values()]:
-            _stop(proc)
-
-
-class _AttributeReader:
-    """Which filter git gives each path under one root .gitattributes, from git itself:
-    ``git check-attr --cached`` over a scratch index that holds only that file."""
-
-    def __init__(self, blob: str, index: str):
-        self._env = dict(os.environ, GIT_INDEX_FILE=index)
-        run("git", *git.NO_FILTER, "update-index", "--index-info", env=self._env,
-            stdin=f"100644 blob {blob}\t.gitattributes\n".encode())  # fmt: skip
-        self._proc: Helper | None = None
-        self._buffer = bytearray()
-        self._memo: dict[bytes, str] = {}
-
-    def filter_of(self, path: bytes) -> str:
-        """Return the ``filter`` attribute of ``path`` ('unspecified' when none)."""
-        if path not in self._memo:
-            if self._proc is None:
-                # The user's own attributes file is no part of history: left out.
-                self._proc = start(
-                    "git", "-c", "core.attributesFile=/dev/null", "check-attr", "--stdin",
-                    "-z", "--cached", "filter", env=self._env,
-                )  # fmt: skip
-            inp, out = _pipes(self._proc)
-            assert isinstance(out, io.BufferedReader)
-            inp.write(path + b"\0")
-            inp.flush()
-            while self._buffer.count(b"\0") < 3:
-                more = out.read1(1 << 16)
-                if not more:
-                    raise MigrateError("`git check-attr` stopped answering: see its message above")
-                self._buffer += more
-            fields = bytes(self._buffer).split(b"\0", 3)
-            self._buffer = bytearray(fields[3])
-            self._memo[path] = fields[2].decode(errors="replace")
-        return self._memo[path]
-
-    def close(self) -> None:
-        if self._proc is not None:
-            _stop(self._proc)
-            self._proc = None
 
 
 class _Verified:
@@ -302,83 +158,6 @@ class _HashingSink:
         self._fh.write(data)
         self.size += len(data)
         return len(data)
-
-
-# ---------------------------------------------------------------------------------------
-# raw objects
-
-
-def _parse_tree(raw: bytes, oid_bytes: int) -> list[_Entry]:
-    entries = []
-    pos = 0
-    while pos < len(raw):
-        space = raw.index(b" ", pos)
-        nul = raw.index(b"\0", space)
-        end = nul + 1 + oid_bytes
-        entries.append(_Entry(raw[pos:space], raw[space + 1 : nul], raw[nul + 1 : end].hex()))
-        pos = end
-    return entries
-
-
-def _tree_bytes(entries: list[_Entry]) -> bytes:
-    return b"".join(e.mode + b" " + e.name + b"\0" + bytes.fromhex(e.oid) for e in entries)
-
-
-def _insert_sorted(entries: list[_Entry], entry: _Entry) -> list[_Entry]:
-    """Insert a blob entry where git's tree order puts it (a tree sorts as NAME/)."""
-
-    def key(e: _Entry) -> bytes:
-        return e.name + (b"/" if e.mode == _TREE else b"")
-
-    at = next((i for i, e in enumerate(entries) if key(e) > entry.name), len(entries))
-    return [*entries[:at], entry, *entries[at:]]
-
-
-def _split_header(raw: bytes) -> tuple[list[bytes], bytes]:
-    """Split a commit or tag into header lines (continuations joined to their header)
-    and the rest (the blank line and message, exactly as they were)."""
-    end = raw.find(b"\n\n")
-    head, rest = (raw, b"") if end < 0 else (raw[:end], raw[end:])
-    lines: list[bytes] = []
-    for line in head.split(b"\n"):
-        if line.startswith(b" ") and lines:
-            lines[-1] += b"\n" + line
-        else:
-            lines.append(line)
-    return lines, rest
-
-
-def _header(lines: list[bytes], name: bytes) -> list[str]:
-    return [ln[len(name) + 1 :].decode() for ln in lines if ln.startswith(name + b" ")]
-
-
-def _unsigned(lines: list[bytes]) -> list[bytes]:
-    return [ln for ln in lines if ln.split(b" ", 1)[0] not in _SIGNATURE_HEADERS]
-
-
-def _new_commit(raw: bytes, tree: str, parents: list[str]) -> bytes:
-    lines, rest = _split_header(raw)
-    out: list[bytes] = []
-    for line in _unsigned(lines):
-        field = line.split(b" ", 1)[0]
-        if field == b"tree":
-            out.append(b"tree " + tree.encode())
-        elif field == b"parent":
-            if not any(ln.startswith(b"parent ") for ln in out):
-                out.extend(b"parent " + p.encode() for p in parents)
-        else:
-            out.append(line)
-    return b"\n".join(out) + rest
-
-
-def _new_tag(raw: bytes, target: str) -> bytes:
-    lines, rest = _split_header(raw)
-    out = [b"object " + target.encode() if ln.startswith(b"object ") else ln for ln in lines]
-    for start_line in _SIGNATURE_STARTS:  # a signature is the message's last lines
-        at = rest.rfind(b"\n" + start_line)
-        if at >= 0:
-            rest = rest[: at + 1]
-    return b"\n".join(_unsigned(out)) + rest
 
 
 # ---------------------------------------------------------------------------------------
@@ -473,17 +252,17 @@ class _Rewriter:
     def __init__(self, patterns: list[str], scratch: str):
         self.patterns = patterns
         self.scratch = scratch
-        self.objects = _Objects(scratch)
+        self.objects = git_objects.Objects(scratch)
         self.repo = Repo()
         self.store = self.repo.store  # git-theta's objects; lfs_path(): git-lfs's
         self.commit_map: dict[str, str] = {}
         self.current = ""  # the commit being rewritten, for messages
         self._done: dict[str, tuple[str, str, str]] = {}  # commit -> orig, new tree, key
-        self._trees: dict[str, list[_Entry]] = {}
+        self._trees: dict[str, list[Entry]] = {}
         self._tree_memo: dict[tuple[object, ...], str] = {}
         self._rules: dict[str | None, _Rules] = {}  # by the original .gitattributes blob
-        self._readers: dict[str, _AttributeReader] = {}
-        self._open: list[_AttributeReader] = []
+        self._readers: dict[str, git_objects.AttributeReader] = {}
+        self._open: list[git_objects.AttributeReader] = []
 
     def close(self) -> None:
         for reader in self._readers.values():
@@ -512,14 +291,16 @@ class _Rewriter:
             hint += " (to keep such files in Git LFS, name the checkpoints with --include)"
         return MigrateError(f"{where}: {exc}; {hint}")
 
-    def entries(self, tree: str) -> list[_Entry]:
+    def entries(self, tree: str) -> list[Entry]:
         if tree not in self._trees:
             if len(self._trees) > 50_000:
                 self._trees.clear()
-            self._trees[tree] = _parse_tree(self.objects.read(tree)[1], self.objects.oid_bytes)
+            self._trees[tree] = git_objects.parse_tree(
+                self.objects.read(tree)[1], self.objects.oid_bytes
+            )
         return self._trees[tree]
 
-    def entry_map(self, tree: str | None) -> dict[bytes, _Entry]:
+    def entry_map(self, tree: str | None) -> dict[bytes, Entry]:
         return {} if tree is None else {e.name: e for e in self.entries(tree)}
 
     def filter_of(self, blob: str | None, path: bytes) -> str:
@@ -529,7 +310,7 @@ class _Rewriter:
         reader = self._readers.get(blob)
         if reader is None:
             index = os.path.join(self.scratch, f"attributes-{len(self._readers)}.index")
-            reader = self._readers[blob] = _AttributeReader(blob, index)
+            reader = self._readers[blob] = git_objects.AttributeReader(blob, index)
         if reader in self._open:
             self._open.remove(reader)
         self._open.append(reader)
@@ -540,7 +321,7 @@ class _Rewriter:
     def rules(self, tree: str) -> _Rules:
         """The rules of a commit whose root tree is ``tree`` (one per .gitattributes)."""
         found = [e for e in self.entries(tree) if e.name == b".gitattributes"]
-        if found and found[0].mode not in _REGULAR:  # a symlink or directory: git ignores it
+        if found and found[0].mode not in REGULAR:  # a symlink or directory: git ignores it
             return _Rules("none", None, None)
         oid = found[0].oid if found else None
         if oid not in self._rules:
@@ -580,24 +361,27 @@ class _Rewriter:
         if kind != "tag":
             return oid  # a tag of a tree or blob: nothing of ours in it
         _, raw = self.objects.read(oid)
-        lines = _split_header(raw)[0]
-        target, target_kind = _header(lines, b"object")[0], _header(lines, b"type")[0]
+        lines = git_objects.split_header(raw)[0]
+        target, target_kind = (
+            git_objects.header(lines, b"object")[0],
+            git_objects.header(lines, b"type")[0],
+        )
         new = self.new_tip(target, target_kind)
-        return oid if new == target else self.objects.write("tag", _new_tag(raw, new))
+        return oid if new == target else self.objects.write("tag", git_objects.new_tag(raw, new))
 
     def side(self, parent: str) -> _Side:
         if parent in self._done:
             orig, new, key = self._done[parent]
             return _Side(orig, new, key)
         _, raw = self.objects.read(parent)
-        tree = _header(_split_header(raw)[0], b"tree")[0]
+        tree = git_objects.header(git_objects.split_header(raw)[0], b"tree")[0]
         return _Side(tree, tree, None)  # outside the rewrite (on a remote): left as it is
 
     def rewrite_commit(self, oid: str, parents: list[str]) -> str:
         """Rewrite one commit (its parents done already); return its new id."""
         self.current = oid
         _, raw = self.objects.read(oid)
-        tree = _header(_split_header(raw)[0], b"tree")[0]
+        tree = git_objects.header(git_objects.split_header(raw)[0], b"tree")[0]
         rules = self.rules(tree)
         new_tree = self.tree(tree, b"", rules, [self.side(p) for p in parents])
         new_parents = [self.commit_map.get(p, p) for p in parents]
@@ -605,7 +389,7 @@ class _Rewriter:
         if new_tree == tree and new_parents == parents:
             new = oid  # nothing to change: the same commit, signature and all
         else:
-            new = self.objects.write("commit", _new_commit(raw, new_tree, new_parents))
+            new = self.objects.write("commit", git_objects.new_commit(raw, new_tree, new_parents))
         self.commit_map[oid] = new
         return new
 
@@ -619,12 +403,12 @@ class _Rewriter:
         if memo in self._tree_memo:
             return self._tree_memo[memo]
         maps = [(self.entry_map(s.orig), self.entry_map(s.new), s.key) for s in sides]
-        out: list[_Entry] = []
+        out: list[Entry] = []
         has_attributes = False
         for entry in self.entries(tree):
             path = prefix + entry.name
             new = entry.oid
-            if entry.mode == _TREE:
+            if entry.mode == TREE:
                 below = [
                     _Side(_subtree(old.get(entry.name)), _subtree(now.get(entry.name)), key)
                     for old, now, key in maps
@@ -634,7 +418,7 @@ class _Rewriter:
                 has_attributes = True
                 if rules.attributes is not None:
                     new = rules.attributes
-            elif entry.mode in _REGULAR and self.selected(rules, path):
+            elif entry.mode in REGULAR and self.selected(rules, path):
                 at_parents = [
                     _AtParent(old.get(entry.name), now.get(entry.name), key is not None)
                     for old, now, key in maps
@@ -642,19 +426,21 @@ class _Rewriter:
                 new = self.convert(entry.oid, path, at_parents)
             out.append(entry._replace(oid=new))
         if not prefix and not has_attributes and rules.attributes is not None:
-            out = _insert_sorted(out, _Entry(b"100644", b".gitattributes", rules.attributes))
+            out = git_objects.insert_sorted(
+                out, Entry(b"100644", b".gitattributes", rules.attributes)
+            )
         changed = len(out) != len(self.entries(tree)) or any(
             a.oid != b.oid for a, b in zip(out, self.entries(tree), strict=True)
         )
-        result = self.objects.write("tree", _tree_bytes(out)) if changed else tree
+        result = self.objects.write("tree", git_objects.tree_bytes(out)) if changed else tree
         if len(self._tree_memo) > 200_000:
             self._tree_memo.clear()
         self._tree_memo[memo] = result
         return result
 
 
-def _subtree(entry: _Entry | None) -> str | None:
-    return entry.oid if entry is not None and entry.mode == _TREE else None
+def _subtree(entry: Entry | None) -> str | None:
+    return entry.oid if entry is not None and entry.mode == TREE else None
 
 
 class _Importer(_Rewriter):
@@ -679,7 +465,7 @@ class _Importer(_Rewriter):
         previous = None
         for old, new, rewritten in ordered:
             if not rewritten:  # a parent left as it was: its version, converted
-                if old is not None and old.mode in _REGULAR:
+                if old is not None and old.mode in REGULAR:
                     with contextlib.suppress(ThetaError):
                         previous = self.blob(old.oid, path, None)
             elif new is not None and new.oid in self._manifests:
