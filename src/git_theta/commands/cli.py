@@ -52,6 +52,20 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("track", help="track checkpoint paths or globs with git-theta")
     p.add_argument("patterns", nargs="+", metavar="PATH_OR_GLOB")
 
+    p = sub.add_parser("migrate", help="rewrite history: Git LFS checkpoints to git-theta and back")
+    modes = p.add_subparsers(dest="mode", required=True, metavar="MODE")
+    for mode, what in (("import", "Git LFS to git-theta"), ("export", "git-theta to Git LFS")):
+        m = modes.add_parser(mode, help=f"rewrite checkpoints from {what}")
+        m.add_argument(
+            "--include",
+            action="append",
+            default=[],
+            metavar="PATTERN",
+            help="gitattributes pattern(s) to convert (default: see README, Migrating)",
+        )
+        m.add_argument("--everything", action="store_true", help="all local branches and tags")
+        m.add_argument("refs", nargs="*", metavar="REF", help="branches or tags (default: HEAD's)")
+
     p = sub.add_parser("add", help="stage checkpoints, choosing how changed tensors are stored")
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.add_argument(
@@ -175,6 +189,10 @@ def main(argv: list[str] | None = None) -> int:
             from git_theta.commands.track import track
 
             return track(args.patterns)
+        if args.command == "migrate":
+            from git_theta.commands.migrate import migrate_command
+
+            return migrate_command(args.mode, args.include, args.refs, args.everything)
         if args.command == "add":
             from git_theta.commands.add import add
 
