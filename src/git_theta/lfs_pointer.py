@@ -1,0 +1,81 @@
+"""Git LFS pointer files met where git-theta now tracks the path.
+
+A path that Git LFS tracked before ``git theta track`` took it over still has LFS pointers
+in its older commits. Our filter is what git runs for every version of the path, so a
+pointer is checked out as the file it points to (its object fetched when missing), never
+as the pointer's text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable
+
+from git_theta.errors import ObjectCorruptError, ObjectMissingError
+from git_theta.store import ObjectRef
+
+VERSION_LINE = b"version https://git-lfs.github.com/spec/v1\n"
+MAX_POINTER = 1024  # git-lfs itself never reads a larger blob as a pointer
+_CHUNK = 8 << 20
+
+Fetch = Callable[[Iterable[ObjectRef]], None]
+
+
+def parse(data: bytes) -> ObjectRef | None:
+    """Return the object a Git LFS pointer names, or None when ``data`` is not one.
+
+    Only the plain form git-lfs writes is accepted (version, oid sha256, size; extension
+    lines are not: their objects are not the file's bytes).
+    """
+    if len(data) > MAX_POINTER or not data.startswith(VERSION_LINE):
+        return None
+    lines = data[len(VERSION_LINE) :].split(b"\n")
+    if len(lines) != 3 or lines[2] != b"":
+        return None
+    oid_line, size_line = lines[0], lines[1]
+    if not (oid_line.startswith(b"oid sha256:") and size_line.startswith(b"size ")):
+        return None
+    oid, size = oid_line[11:], size_line[5:]
+    if len(oid) != 64 or oid.strip(b"0123456789abcdef") or not size.isdigit() or len(size) > 19:
+        return None
+    return ObjectRef(oid.decode(), int(size))
+
+
+def lfs_object_path(lfs_dir: str, ref: ObjectRef) -> str:
+    """Where git-lfs keeps the object ``ref`` under its directory ``lfs_dir``."""
+    import os
+
+    return os.path.join(lfs_dir, "objects", ref.oid[0:2], ref.oid[2:4], ref.oid)
+
+
+def write_object(
+    ref: ObjectRef, lfs_dir: str, write: Callable[[bytes], object], fetch: Fetch | None
+) -> None:
+    """Write the bytes of the LFS object ``ref`` with ``write``, fetching it first when it
+    is not local. The sha256 is checked as the bytes pass and raises ObjectCorruptError at
+    the end (git discards a smudge that ends in error).
+
+    Raises ObjectMissingError when the object is neither local nor downloadable.
+    """
+    path = lfs_object_path(lfs_dir, ref)
+    try:
+        fh = open(path, "rb")  # noqa: SIM115 - closed below, after a possible fetch
+    except FileNotFoundError:
+        if fetch is not None:
+            fetch([ref])
+        try:
+            fh = open(path, "rb")  # noqa: SIM115
+        except FileNotFoundError:
+            raise ObjectMissingError(
+                f"Git LFS object {ref.oid} (an older version of this file, from before "
+                "git-theta tracked it) is not local and could not be downloaded"
+            ) from None
+    digest = hashlib.sha256()
+    size = 0
+    with fh:
+        while chunk := fh.read(_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+            write(chunk)
+    if size != ref.size or digest.hexdigest() != ref.oid:
+        raise ObjectCorruptError(f"Git LFS object {ref.oid} is corrupt (its sha256 does not match)")
