@@ -32,8 +32,15 @@ lint: setup
 	$(VENV)/bin/ruff format --check src tests bench demo plugins
 	$(VENV)/bin/mypy
 
+# The in-process suites again through the NumPy twin of every C kernel (kernels.py): the
+# path an install without a C compiler takes, which the README promises works.
+NUMPY_SUITES := tests/test_codec.py tests/test_updates.py tests/test_factored.py \
+	tests/test_clean_errors.py tests/test_golden.py tests/test_golden_objects.py \
+	tests/test_golden_manifests.py tests/test_fuzz.py tests/test_hostile_objects.py
+
 test: lint
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q
+	GIT_THETA_KERNELS=numpy PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q $(NUMPY_SUITES)
 
 # >= 10,000 hostile files of every format and hostile manifests (docs/reliability.md);
 # FUZZ_ARGS="--cases 50000 --seed 7 --jobs 4" for more. CI runs 320 in tests/test_fuzz.py.

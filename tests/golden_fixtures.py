@@ -63,8 +63,8 @@ def parse_object(obj: bytes, pos: int = 0) -> ObjectHead:
 @contextmanager
 def kernels(name: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Run the block with the C kernel ("native") or its NumPy twins ("numpy")."""
-    from git_theta import codec
+    from git_theta import kernels as switch
 
     if name == "numpy":
-        monkeypatch.setattr(codec, "_native", None)
+        monkeypatch.setattr(switch, "native", None)
     yield

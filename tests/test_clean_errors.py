@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from st_files import st_bytes
 
+from git_theta import kernels
 from git_theta.clean import clean
 from git_theta.errors import CheckpointError, ManifestError
 from git_theta.formats import FORMATS
@@ -80,10 +81,8 @@ def test_a_huge_claimed_tensor_fails_as_truncated_without_using_memory(
     without it."""
     import resource
 
-    from git_theta import codec
-
     if not native:
-        monkeypatch.setattr(codec, "_native", None)
+        monkeypatch.setattr(kernels, "native", None)
     data = header({"w": {"dtype": "U8", "shape": [claim], "data_offsets": [0, claim]}})
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with pytest.raises(CheckpointError) as info:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import IO, TYPE_CHECKING
 
-from git_theta import chains, codec
+from git_theta import chains, codec, kernels
 from git_theta.content import content_hash
 from git_theta.errors import CheckpointError, ThetaError
 from git_theta.formats import detect, file_spans, header_spans
@@ -44,7 +44,7 @@ class _Reader:
         reserve (or, without the C kernel, anything over 64 MB, as a plain bytearray is
         zero-filled at once) is read in steps, growing with what arrives.
         """
-        if n > _STEP and codec._native is None:  # bytearray(n) would zero-fill all n now
+        if n > _STEP and kernels.native is None:  # bytearray(n) would zero-fill all n now
             return self._read_in_steps(n)
         try:
             out = codec.new_buffer(n)  # a recycled one when a tensor of this size was done

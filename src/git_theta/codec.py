@@ -22,11 +22,11 @@ import math
 import struct
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from types import ModuleType
 from typing import TYPE_CHECKING, NamedTuple, cast
 
 from zlib_ng import zlib_ng as zlib  # bundled zlib-ng: faster Huffman, same output everywhere
 
+from git_theta import kernels
 from git_theta.errors import ObjectCorruptError
 from git_theta.parallel import Pool, pipelined
 
@@ -35,11 +35,6 @@ if TYPE_CHECKING:
 
     import zstandard
 
-_native: ModuleType | None
-try:  # the C kernel (setup.py); NumPy gives the same bytes where it could not be built
-    from git_theta import _planes as _native
-except ImportError:  # pragma: no cover - depends on the install
-    _native = None
 
 MAGIC = b"GTHO"
 VERSION = 1
@@ -96,7 +91,7 @@ def new_buffer(n: int) -> bytearray:
         if spare:
             _spare_bytes -= n
             return spare.pop()
-    return _native.empty(n) if _native is not None else bytearray(n)
+    return kernels.native.empty(n) if kernels.native is not None else bytearray(n)
 
 
 def recycle(buf: bytes | bytearray | memoryview) -> None:
@@ -115,8 +110,8 @@ def recycle(buf: bytes | bytearray | memoryview) -> None:
 def _entropy_bits(plane: bytes | memoryview) -> float:
     """Order-0 entropy (bits per byte) of an evenly spaced sample of ``plane``."""
     step = max(1, len(plane) // _SAMPLE)
-    if _native is not None:
-        counts: list[int] = _native.histogram(plane, step)
+    if kernels.native is not None:
+        counts: list[int] = kernels.native.histogram(plane, step)
     else:
         import numpy as np
 
@@ -154,7 +149,8 @@ def _unpack_plane(method: int, payload: bytes | memoryview, size: int) -> bytes 
     elif method == HUFFMAN:
         # The C decoder takes what Z_HUFFMAN_ONLY writes, ~1.7x faster than zlib-ng;
         # anything else (None) is zlib's to decode or reject.
-        fast = _native.inflate_literals(payload, size) if _native is not None else None
+        native = kernels.native
+        fast = native.inflate_literals(payload, size) if native is not None else None
         out = fast if fast is not None else zlib.decompressobj(-15).decompress(payload, size)
     else:
         raise ObjectCorruptError(f"unknown plane method {method}")
@@ -205,16 +201,16 @@ def _join_numpy(out: memoryview, planes: Sequence[bytes | memoryview], layout: L
 
 def _split(chunk: memoryview, layout: Layout) -> list[bytes]:
     """Return byte k of every word as plane k, most significant byte first."""
-    if _native is not None:
-        planes: list[bytes] = _native.split(chunk, layout.word, layout.rotate)
+    if kernels.native is not None:
+        planes: list[bytes] = kernels.native.split(chunk, layout.word, layout.rotate)
         return planes
     return _split_numpy(chunk, layout)
 
 
 def _join_into(out: memoryview, planes: Sequence[bytes | memoryview], layout: Layout) -> None:
     """Inverse of ``_split``: interleave ``planes`` into ``out``."""
-    if _native is not None:
-        _native.join(out, planes, layout.word, layout.rotate)
+    if kernels.native is not None:
+        kernels.native.join(out, planes, layout.word, layout.rotate)
     else:
         _join_numpy(out, planes, layout)
 

@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from git_theta import chains
+from git_theta import chains, kernels
 from git_theta.content import content_hash
 from git_theta.dtypes import FLOAT_KINDS, lookup
 from git_theta.errors import CheckpointError, ThetaError
@@ -208,12 +208,11 @@ def _measure(diff: TensorDiff) -> None:
         return
     a = old.load()
     b = _apply_last(old, new, a) or new.load()
-    from git_theta import codec
 
     kind = _WIDEN.get(new.dtype)
-    if codec._native is not None and kind is not None:
+    if kernels.native is not None and kind is not None:
         # One pass in C, and no NumPy import (0.12 s) for the usual float tensors.
-        diff.changed, d2, max_abs, x2 = codec._native.diff_stats(a, b, kind)
+        diff.changed, d2, max_abs, x2 = kernels.native.diff_stats(a, b, kind)
         diff.l2, diff.max_abs, norm = math.sqrt(d2), max_abs, math.sqrt(x2)
     else:
         found = _numpy_stats(diff, a, b, new.dtype)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from git_theta import codec
+from git_theta import kernels
 from git_theta.updates.base import CLEAR_WIN, Buffer, Payload, UpdateType
 from git_theta.updates.dense import Dense
 from git_theta.updates.layout import itemsize
@@ -37,8 +37,8 @@ class Auto(UpdateType):
         from git_theta.updates.sparse import Sparse, _elements
 
         size = itemsize(dtype)
-        if codec._native is not None:
-            changed = codec._native.count_changed(prev, new, size)
+        if kernels.native is not None:
+            changed = kernels.native.count_changed(prev, new, size)
         else:  # NumPy only here: importing it costs 0.12 s of every add's CPU
             import numpy as np
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from git_theta import codec
+from git_theta import codec, kernels
 from git_theta.errors import ObjectCorruptError
 from git_theta.parallel import chunk_pool
 from git_theta.updates.base import Buffer, Payload, UpdateType
@@ -59,8 +59,8 @@ class Delta(UpdateType):
         if prev is None or len(prev) != len(new):
             return None
         size = _size(dtype)
-        if codec._native is not None:
-            z: bytes = codec._native.zigzag(new, prev, size)
+        if kernels.native is not None:
+            z: bytes = kernels.native.zigzag(new, prev, size)
         else:
             z = _zigzag(new, prev, size).tobytes()
         return codec.encode(z, codec.Layout(size), pool=chunk_pool())
@@ -71,7 +71,7 @@ class Delta(UpdateType):
         if prev is None:
             raise ObjectCorruptError("a delta needs a previous value")
         size = _size(dtype)
-        native = codec._native
+        native = kernels.native
         if native is not None:
             # In place (the caller owns prev), chunk by chunk: the decoded difference is
             # never held whole.

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
-from git_theta import codec
+from git_theta import codec, kernels
 from git_theta.dtypes import FLOAT_KINDS, lookup
 from git_theta.errors import ObjectCorruptError, UsageError
 from git_theta.updates.base import Buffer, Payload, UpdateType
@@ -83,7 +83,7 @@ def reproduce(prev: Buffer, dtype: str, shape: tuple[int, ...], inputs: Inputs) 
     The C kernel computes it where it can (float dtypes, no NaN among the inputs), with
     the same operations in the same order as ``reproduce_numpy``, the definition.
     """
-    native = codec._native
+    native = kernels.native
     if native is not None and len(shape) == 2 and dtype in _CODES:
         codes = [_CODES.get(f.dtype) for f in inputs.factors]
         rows, cols = shape
@@ -232,9 +232,9 @@ class Factored(UpdateType):
         if guess is None or len(guess) != len(correction):
             raise ObjectCorruptError(f"{self.kind} update does not fit the previous value")
         size = _size(dtype)
-        if codec._native is not None:
+        if kernels.native is not None:
             value = bytearray(guess)
-            codec._native.unzigzag_add(value, correction, size)
+            kernels.native.unzigzag_add(value, correction, size)
             return value
         import numpy as np
 

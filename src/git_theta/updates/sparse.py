@@ -9,7 +9,7 @@ from __future__ import annotations
 import struct
 from typing import TYPE_CHECKING
 
-from git_theta import codec
+from git_theta import codec, kernels
 from git_theta.errors import ObjectCorruptError
 from git_theta.updates.base import Buffer, Payload, UpdateType
 from git_theta.updates.layout import itemsize, layout_for
@@ -38,8 +38,8 @@ class Sparse(UpdateType):
         if prev is None or len(prev) != len(new):
             return None
         size = itemsize(dtype)
-        if codec._native is not None:
-            gaps, changed = codec._native.sparse_diff(prev, new, size)
+        if kernels.native is not None:
+            gaps, changed = kernels.native.sparse_diff(prev, new, size)
         else:
             import numpy as np
 
@@ -69,9 +69,9 @@ class Sparse(UpdateType):
         values = codec.decode(view[plen:], limit=count * size)
         if len(gaps) != 8 * count or len(values) != count * size:
             raise ObjectCorruptError("sparse update object is inconsistent")
-        if codec._native is not None:  # in place: the caller owns prev
+        if kernels.native is not None:  # in place: the caller owns prev
             try:
-                codec._native.scatter(prev, gaps, values, size)
+                kernels.native.scatter(prev, gaps, values, size)
             except (ValueError, IndexError) as exc:
                 raise ObjectCorruptError(str(exc)) from None
             return prev
