@@ -30,7 +30,7 @@ from git_theta.protocol.pktline import (
     write_flush,
     write_text,
 )
-from git_theta.store import ObjectRef, ObjectStore
+from git_theta.store import OWN_DIR, ObjectRef, ObjectStore
 
 
 class LfsUnavailableError(ThetaError):
@@ -121,8 +121,13 @@ class Downloader:
             return
         refs = sorted(wanted.values(), key=lambda ref: -ref.size)  # big ones start first
 
+        # A pushed-to repository has them where git-lfs put them; one that git-theta
+        # itself used (a clone of a work tree) keeps them in its own directory.
+        roots = (source, source.parent / OWN_DIR / "objects")
+
         def copy(ref: ObjectRef) -> bool:
-            return self.store.copy_in(source / ref.oid[:2] / ref.oid[2:4] / ref.oid, ref)
+            tail = (ref.oid[:2], ref.oid[2:4], ref.oid)
+            return any(self.store.copy_in(root.joinpath(*tail), ref) for root in roots)
 
         pool = Pool(COPY_WORKERS, "theta-copy")
         try:
