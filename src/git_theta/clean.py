@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import IO, TYPE_CHECKING
 
-from git_theta import chains, codec, kernels
+from git_theta import chains, codec, kernels, lfs_pointer
 from git_theta.content import content_hash
 from git_theta.errors import CheckpointError, ThetaError
 from git_theta.formats import detect, file_spans, header_spans
@@ -115,7 +115,9 @@ def clean(
         if not more:
             break
         head += more
-    if is_manifest(head):
+    if is_manifest(head) or lfs_pointer.parse(head) is not None:
+        # A manifest (a file checked out without its weights), or a Git LFS pointer (a
+        # version from before git-theta tracked the path, left unsmudged): kept as it is.
         sink.write(head + source.read())
         return
     fmt = detect(head, path)

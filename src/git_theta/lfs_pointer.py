@@ -12,7 +12,7 @@ import hashlib
 from collections.abc import Callable, Iterable
 
 from git_theta.errors import ObjectCorruptError, ObjectMissingError
-from git_theta.store import ObjectRef
+from git_theta.store import ObjectRef, ObjectStore
 
 VERSION_LINE = b"version https://git-lfs.github.com/spec/v1\n"
 MAX_POINTER = 1024  # git-lfs itself never reads a larger blob as a pointer
@@ -41,15 +41,8 @@ def parse(data: bytes) -> ObjectRef | None:
     return ObjectRef(oid.decode(), int(size))
 
 
-def lfs_object_path(lfs_dir: str, ref: ObjectRef) -> str:
-    """Where git-lfs keeps the object ``ref`` under its directory ``lfs_dir``."""
-    import os
-
-    return os.path.join(lfs_dir, "objects", ref.oid[0:2], ref.oid[2:4], ref.oid)
-
-
 def write_object(
-    ref: ObjectRef, lfs_dir: str, write: Callable[[bytes], object], fetch: Fetch | None
+    ref: ObjectRef, store: ObjectStore, write: Callable[[bytes], object], fetch: Fetch | None
 ) -> None:
     """Write the bytes of the LFS object ``ref`` with ``write``, fetching it first when it
     is not local. The sha256 is checked as the bytes pass and raises ObjectCorruptError at
@@ -57,25 +50,23 @@ def write_object(
 
     Raises ObjectMissingError when the object is neither local nor downloadable.
     """
-    path = lfs_object_path(lfs_dir, ref)
-    try:
-        fh = open(path, "rb")  # noqa: SIM115 - closed below, after a possible fetch
-    except FileNotFoundError:
-        if fetch is not None:
-            fetch([ref])
-        try:
-            fh = open(path, "rb")  # noqa: SIM115
-        except FileNotFoundError:
-            raise ObjectMissingError(
-                f"Git LFS object {ref.oid} (an older version of this file, from before "
-                "git-theta tracked it) is not local and could not be downloaded"
-            ) from None
+    fh = store.open_plain(ref)
+    if fh is None and fetch is not None:
+        fetch([ref])
+        fh = store.open_plain(ref)
+    if fh is None:
+        raise ObjectMissingError(
+            f"Git LFS object {ref.oid} (a version of this file from before git-theta "
+            "tracked it) is not local and could not be downloaded"
+        ) from None
     digest = hashlib.sha256()
     size = 0
     with fh:
-        while chunk := fh.read(_CHUNK):
+        while size <= ref.size and (chunk := fh.read(_CHUNK)):
             digest.update(chunk)
             size += len(chunk)
+            if size > ref.size:
+                break  # longer than its pointer says: corrupt, and never read to its end
             write(chunk)
     if size != ref.size or digest.hexdigest() != ref.oid:
         raise ObjectCorruptError(f"Git LFS object {ref.oid} is corrupt (its sha256 does not match)")

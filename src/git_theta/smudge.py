@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable
 
-from git_theta import chains
+from git_theta import chains, lfs_pointer
 from git_theta.content import content_hash
 from git_theta.display import quote
 from git_theta.errors import ObjectCorruptError, ObjectMissingError, ThetaError
@@ -66,6 +66,14 @@ def smudge(
     the object) before or while writing.
     """
     head = _read_up_to(source, len(PREFIX))
+    if lfs_pointer.VERSION_LINE.startswith(head):
+        # A Git LFS pointer: a version from before git-theta tracked the path. The file it
+        # names is what this version holds, not the pointer's text.
+        head += _read_up_to(source, lfs_pointer.MAX_POINTER + 1 - len(head))
+        ref = lfs_pointer.parse(head)
+        if ref is not None:
+            lfs_pointer.write_object(ref, store, sink.write, fetch)
+            return
     if not is_manifest(head):  # not ours: passed through as it comes, never held whole
         sink.write(head)
         while piece := source.read(_PASS_CHUNK):

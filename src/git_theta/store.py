@@ -216,6 +216,26 @@ class ObjectStore:
         except FileNotFoundError:
             raise ObjectMissingError(f"object {ref.oid} is not in the local store") from None
 
+    def open_plain_path(self, ref: ObjectRef) -> str | None:
+        """Where a plain Git LFS object is (see ``open_plain``), or None."""
+        for path in (self.lfs_path(ref.oid), self.path(ref.oid)):
+            with contextlib.suppress(OSError):
+                if stat.S_ISREG(os.lstat(path).st_mode):
+                    return path
+        return None
+
+    def open_plain(self, ref: ObjectRef) -> BinaryIO | None:
+        """Open a plain Git LFS object (a file's bytes, not a git-theta object) for reading,
+        unverified: from git-lfs's directory, else ours (where a ``file://`` download
+        copies); never taken into ours, so ``git lfs prune`` still frees it. None when
+        absent."""
+        for path in (self.lfs_path(ref.oid), self.path(ref.oid)):
+            try:
+                return open_regular(path)
+            except (FileNotFoundError, UnsafeFileError):
+                continue
+        return None
+
     def read(self, ref: ObjectRef) -> ObjectBytes:
         """Return the object's bytes, unverified (pair with ``verify``): the file mapped
         read-only, not copied. A checkout reads every object of a version once, and a copy

@@ -13,7 +13,7 @@ from typing import Any
 from git_theta import git
 from git_theta.diffing import FileDiff, TensorDiff, TensorSide, compare, from_file, from_manifest
 from git_theta.display import escape
-from git_theta.errors import UsageError
+from git_theta.errors import ObjectMissingError, UsageError
 from git_theta.files import open_regular
 from git_theta.history import manifests_at, manifests_in_index
 from git_theta.manifest import PREFIX, Manifest, is_manifest, parse
@@ -157,6 +157,28 @@ def file_side(path: str, store: ObjectStore) -> dict[str, TensorSide]:
     return from_file(path)
 
 
+def lfs_side(spec: str, repo: Repo) -> dict[str, TensorSide] | None:
+    """Describe ``spec`` (``REV:PATH``, or ``:PATH`` for the index) when its blob is a Git
+    LFS pointer (a version from before git-theta tracked the path) as the checkpoint its
+    object holds, downloading the object when it is missing; None when it is not one."""
+    from git_theta import lfs_pointer
+
+    size = run("git", *git.NO_FILTER, "cat-file", "-s", spec, check=False, cwd=repo.cwd)
+    if size.returncode != 0 or int(size.stdout or b"0") > lfs_pointer.MAX_POINTER:
+        return None
+    ref = lfs_pointer.parse(git.git("cat-file", "blob", spec, cwd=repo.cwd))
+    if ref is None:
+        return None
+    if repo.store.open_plain_path(ref) is None:
+        repo.downloader.fetch([ref])
+    where = repo.store.open_plain_path(ref)
+    if where is None:
+        raise ObjectMissingError(
+            f"{spec}: Git LFS object {ref.oid} is not local and could not be downloaded"
+        )
+    return from_file(where)
+
+
 def _under(path: str, spec: str) -> bool:
     """True when ``path`` is ``spec`` or inside the directory ``spec`` ('.' is the root)."""
     return spec == "." or path == spec or path.startswith(spec.rstrip("/") + "/")
@@ -209,10 +231,18 @@ def diff(
         (lambda n: fnmatch.fnmatchcase(n, pattern)) if pattern else None
     )
     reports = []
+    old_rev = revs[0] if revs else ("HEAD" if cached else "")
+    new_rev = revs[1] if len(revs) == 2 else ""
+
+    def side(found: dict[str, Manifest], rev: str, path: str) -> dict[str, TensorSide]:
+        if path in found:
+            return from_manifest(found[path], store)
+        return lfs_side(f"{rev}:{path}", repo) or {}  # an LFS version of a tracked path
+
     for path in names:
-        old = from_manifest(old_m.get(path), store)
+        old = side(old_m, old_rev, path)
         if new_m is not None:
-            new = from_manifest(new_m.get(path), store)
+            new = side(new_m, new_rev, path)
         else:
             full = os.path.join(top, path)
             new = file_side(full, store) if os.path.exists(full) else {}

@@ -37,6 +37,15 @@ def update_attributes(text: str, pattern: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _lfs_tracked(text: str, pattern: str) -> bool:
+    """Whether ``pattern``'s own line in .gitattributes ``text`` gives it Git LFS's filter."""
+    for line in text.splitlines():
+        fields = line.split()
+        if fields and fields[0] == pattern:
+            return "filter=lfs" in fields[1:]
+    return False
+
+
 def track(patterns: list[str]) -> int:
     """Add each pattern (relative to the current directory) to the root .gitattributes.
 
@@ -57,8 +66,16 @@ def track(patterns: list[str]) -> int:
     new = text
     for raw in patterns:
         pattern = _escape(prefix + raw.removeprefix("./"))
+        was_lfs = _lfs_tracked(new, pattern)
         new = update_attributes(new, pattern)
         sys.stderr.write(f"git-theta: tracking {pattern}\n")
+        if was_lfs:
+            sys.stderr.write(
+                f"git-theta: {pattern} was tracked by Git LFS (filter=lfs): git-theta "
+                "tracks it now. Earlier commits keep their Git LFS versions, which still "
+                "check out; to rewrite them as git-theta versions run `git theta migrate "
+                f"import --include '{pattern}' --everything`\n"
+            )
     if new != text:
         atomic_write(attributes, new.encode(errors="surrogateescape"), within=str(top))
     try:
