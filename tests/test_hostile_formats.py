@@ -175,3 +175,21 @@ def test_spans_past_the_file_and_too_many_are_refused() -> None:
     many = [TensorSpan(f"t{i}", "U8", (1,), i, i + 1) for i in range(MAX_TENSORS + 1)]
     with pytest.raises(CheckpointError, match=r"^tensor count is 65537, over git-theta.s limit"):
         check_spans(many, 0)
+
+
+def test_no_module_reads_a_header_around_the_checked_boundary() -> None:
+    """Every path from a file to spans goes through formats.header_spans/file_spans, so
+    none skips the caps on stray errors and the span checks."""
+    import ast
+
+    import git_theta
+
+    root = Path(git_theta.__file__).parent
+    bypass = []
+    for path in sorted(root.rglob("*.py")):
+        if path.parent.name == "formats":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("read_header", "read_spans"):
+                bypass.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert bypass == []

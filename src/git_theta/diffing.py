@@ -17,7 +17,7 @@ from git_theta.content import content_hash
 from git_theta.dtypes import FLOAT_KINDS, lookup
 from git_theta.errors import CheckpointError, ThetaError
 from git_theta.files import open_regular
-from git_theta.formats import detect
+from git_theta.formats import detect, file_spans, header_spans
 from git_theta.formats.base import SNIFF_MAX
 from git_theta.manifest import Link, Manifest, TensorEntry, tensor_nbytes
 from git_theta.parallel import ordered_map
@@ -112,7 +112,7 @@ def from_file(
                 raise CheckpointError("file is truncated")
             return data
 
-        spans = fmt.read_spans(fh, size) if fmt.needs_seek else fmt.read_header(read)
+        spans = file_spans(fmt, fh, size) if fmt.needs_seek else header_spans(fmt, read)
     out = {}
     for span in spans:
 

@@ -67,12 +67,12 @@ _ALLOWED = {
     ("torch", "device"),
 } | {("torch", s) for s in _STORAGES | TORCH_DTYPES}
 # A state dict's pickle takes ~125 bytes, 32 opcodes and 1.2 KB of values per tensor
-# (estimated below at 1.8 KB: the estimate errs high). A hostile pickle's values are
+# (estimated below at 2.1 KB: the estimate errs high). A hostile pickle's values are
 # priced near their real cost, so with the pickle's own bytes and the interpreter it
 # stays under 300 MB.
 MAX_BYTES = 32 << 20  # data.pkl: 4x MAX_TENSORS tensors' worth
 MAX_OPS = 64 * MAX_TENSORS  # 4M opcodes, ~4 s; MAX_TENSORS need 2.1M
-MAX_MEMORY = 160 << 20  # estimated bytes of values built; MAX_TENSORS need 116 MB
+MAX_MEMORY = 160 << 20  # estimated bytes of values built; MAX_TENSORS need 140 MB
 _SCALAR_KEYS = (str, int, float, bool, bytes, type(None), Global)
 
 
@@ -201,7 +201,7 @@ def _run(data: bytes) -> Any:
         # Most frequent first (LONG_BINPUT, BININT1, BINGET, BINUNICODE, REDUCE, MARK...).
         if op == 0x72:  # r LONG_BINPUT
             memo[_U32.unpack(take(4))[0]] = stack[-1]
-            memory += 64
+            memory += 100  # a dict entry, its int key, resizes
         elif op == 0x4B:  # K BININT1
             stack.append(take(1)[0])
         elif op == 0x68:  # h BINGET
@@ -244,16 +244,16 @@ def _run(data: bytes) -> Any:
             stack.append(None)
         elif op == 0x71:  # q BINPUT
             memo[take(1)[0]] = stack[-1]
-            memory += 64
+            memory += 100  # a dict entry, its int key, resizes
         elif op == 0x94:  # MEMOIZE
             memo[len(memo)] = stack[-1]
-            memory += 64
+            memory += 100  # a dict entry, its int key, resizes
         elif op == 0x7D:  # } EMPTY_DICT
             stack.append({})
-            memory += 64
+            memory += 80
         elif op == 0x5D or op == 0x8F:  # ] EMPTY_LIST, EMPTY_SET (read as a list)
             stack.append([])
-            memory += 56
+            memory += 72
         elif op == 0x75:  # u SETITEMS
             items = pop_mark()
             target = stack[-1]

@@ -360,6 +360,7 @@ class IA3(Factored):
 
 
 def _read_safetensors(path: Path) -> dict[str, Factor]:
+    from git_theta.formats import header_spans
     from git_theta.formats.safetensors import SafetensorsFormat
 
     data = path.read_bytes()
@@ -372,7 +373,7 @@ def _read_safetensors(path: Path) -> dict[str, Factor]:
         pos += n
         return data[pos - n : pos]
 
-    spans = SafetensorsFormat().read_header(read)
+    spans = header_spans(SafetensorsFormat(), read)
     return {s.name: Factor(s.dtype, s.shape, data[s.start : s.end]) for s in spans}
 
 
