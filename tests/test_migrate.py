@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -371,3 +372,29 @@ def test_a_clone_rewrites_published_history_only_when_asked(
         if c not in before.values():  # the remote's refs still hold the old history
             files = but_attributes(checked_out_files(clone, c))
             assert files == but_attributes(expected[subject]), subject
+
+
+def test_prune_after_import_frees_the_lfs_objects_no_pointer_names(
+    hf: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tokenizer_oids = set()
+    for c in commits(hf).values():
+        text = blob(hf, f"{c}:tokenizer.json").decode()
+        tokenizer_oids.add(text.split("oid sha256:")[1].split()[0])
+    assert main(["migrate", "import", "--everything"]) == 0
+    lfs_dir = hf / ".git/lfs/objects"
+    before = {p.name for p in lfs_dir.rglob("*") if p.is_file()}
+    assert len(before) > len(tokenizer_oids)
+    for p in (hf / ".git/lfs").rglob("*"):
+        if p.is_file():
+            os.utime(p, (1, 1))  # older than prune's grace period
+    git(hf, "reflog", "expire", "--expire=now", "--all")  # the old history goes
+    git(hf, "gc", "-q", "--prune=now")
+    capsys.readouterr()
+    assert main(["prune"]) == 0
+    err = capsys.readouterr().err
+    assert f"deleted {len(before) - len(tokenizer_oids)} Git LFS objects" in err, err
+    assert {p.name for p in lfs_dir.rglob("*") if p.is_file()} == tokenizer_oids
+    for subject, c in commits(hf).items():
+        git(hf, "checkout", "-q", c)
+        assert status(hf) == "", subject

@@ -26,11 +26,22 @@ def test_prune_keeps_referenced_and_foreign_objects(repo: Path) -> None:
     orphans = lfs_objects(repo) - kept
     assert orphans
 
+    # A plain Git LFS object a committed pointer names is never ours to delete; one that
+    # no pointer anywhere names (what a migration leaves behind) is garbage.
     foreign = b"a plain Git LFS object, not ours\n"
     oid = hashlib.sha256(foreign).hexdigest()
     path = repo / ".git/lfs/objects" / oid[:2] / oid[2:4] / oid
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(foreign)
+    pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{oid}\nsize {len(foreign)}\n"
+    (repo / "data.bin").write_text(pointer)
+    git(repo, "add", "data.bin")
+    git(repo, "commit", "-q", "-m", "a plain LFS file")
+    litter = b"an LFS object no pointer names\n"
+    litter_oid = hashlib.sha256(litter).hexdigest()
+    litter_path = repo / ".git/lfs/objects" / litter_oid[:2] / litter_oid[2:4] / litter_oid
+    litter_path.parent.mkdir(parents=True, exist_ok=True)
+    litter_path.write_bytes(litter)
     for p in (repo / ".git/lfs").rglob("*"):
         if p.is_file():
             os.utime(p, (1, 1))  # older than prune's grace period
@@ -38,13 +49,16 @@ def test_prune_keeps_referenced_and_foreign_objects(repo: Path) -> None:
     dry = subprocess.run(["git", "theta", "prune", "--dry-run"], cwd=repo, capture_output=True)
     assert dry.returncode == 0
     assert f"would delete {len(orphans)} unreferenced objects" in dry.stderr.decode()
+    assert "would delete 1 Git LFS objects no LFS pointer names any more" in dry.stderr.decode()
     assert lfs_objects(repo) == kept | orphans
     assert path.read_bytes() == foreign
+    assert litter_path.read_bytes() == litter
 
     done = subprocess.run(["git", "theta", "prune"], cwd=repo, capture_output=True)
     assert done.returncode == 0, done.stderr.decode()
     assert lfs_objects(repo) == kept
     assert path.read_bytes() == foreign
+    assert not litter_path.exists()
     (repo / "m.safetensors").unlink()
     git(repo, "checkout", "--", "m.safetensors")
     assert sha256(repo / "m.safetensors") == v1_sha

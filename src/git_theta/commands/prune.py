@@ -2,8 +2,10 @@
 
 ``git lfs prune`` cannot see our objects (they are named by manifests, not by LFS pointer
 files), which is why they live in a directory of their own (see store.py); this is the
-prune for them. It only ever deletes git-theta objects (in our directory, and links or
-older git-theta's copies in git-lfs's), never plain Git LFS ones.
+prune for them. It deletes git-theta objects (in our directory, and links or an older
+git-theta's copies in git-lfs's), and plain Git LFS objects only when no LFS pointer
+anywhere in the repository (refs, reflogs, every worktree's index) names them, as after
+``git theta migrate import``.
 """
 
 from __future__ import annotations
@@ -31,8 +33,23 @@ def _written_beside(name: str) -> bool:
     return name.startswith(".") and ".theta-" in name
 
 
+def lfs_pointed_at(everything: list[str], top: str) -> set[str]:
+    """The oids every Git LFS pointer reachable from ``everything`` (or staged) names."""
+    from git_theta import lfs_pointer
+
+    blobs = {oid for oid, _ in git.new_blobs(everything, [], top)}
+    blobs |= {oid for oid, _ in git.index_blobs(top)}
+    sizes = git.blob_sizes(sorted(blobs), top)
+    small = [oid for oid, size in sizes.items() if size <= lfs_pointer.MAX_POINTER]
+    found = git.blobs_starting_with(small, lfs_pointer.VERSION_LINE, top)
+    refs = (lfs_pointer.parse(data) for data in found.values())
+    return {ref.oid for ref in refs if ref is not None}
+
+
 def prune(dry_run: bool) -> int:
-    """Delete unreferenced git-theta objects; return 0. Prints what it did."""
+    """Delete unreferenced git-theta objects, and plain Git LFS objects no LFS pointer in
+    any ref, reflog entry or index names (what ``git theta migrate import`` leaves behind);
+    return 0. Prints what it did."""
     repo = Repo()
     # --indexed-objects covers the index of every worktree, not just this one.
     everything = ["--all", "--reflog", "--indexed-objects"]
@@ -40,24 +57,30 @@ def prune(dry_run: bool) -> int:
     top = str(git.toplevel())
     staged = manifests_in_index(top)
     keep |= {ref.oid for ref in needed_by(staged)}
+    pointed = lfs_pointed_at(everything, top)
     now = time.time()
-    count = size = 0
+    count = size = plain = plain_size = 0
     roots = [Path(repo.store.root), Path(repo.store.lfs_root)]
     gone: set[str] = set()
     for path in (p for root in roots if root.exists() for p in root.glob("??/??/*")):
-        if path.name in keep or len(path.name) != 64:
+        if path.name in keep or path.name in pointed or len(path.name) != 64:
             continue
         try:
             with open_regular(path) as fh:  # nothing but regular files is ours
                 stat = os.fstat(fh.fileno())
-                if now - stat.st_mtime < GRACE or fh.read(4) not in (DENSE, SPARSE, FACTORED):
-                    continue  # new, or a plain Git LFS object: not ours to judge
+                if now - stat.st_mtime < GRACE:
+                    continue  # new: an add may be writing its manifest
+                ours = fh.read(4) in (DENSE, SPARSE, FACTORED)
         except (UnsafeFileError, FileNotFoundError):
             continue
         if path.name not in gone:  # a link in git-lfs's directory is the same object
             gone.add(path.name)
-            count += 1
-            size += stat.st_size
+            if ours:
+                count += 1
+                size += stat.st_size
+            else:
+                plain += 1
+                plain_size += stat.st_size
         if not dry_run:
             path.unlink()
     verb = "would delete" if dry_run else "deleted"
@@ -65,6 +88,11 @@ def prune(dry_run: bool) -> int:
         f"git-theta: {verb} {count} unreferenced objects ({size / 1e6:.1f} MB), "
         f"kept {len(keep)} referenced\n"
     )
+    if plain:
+        sys.stderr.write(
+            f"git-theta: {verb} {plain} Git LFS objects no LFS pointer names any more "
+            f"({plain_size / 1e6:.1f} MB)\n"
+        )
     stale, stale_size = remove_stale_temporaries(repo.store.tmp, dry_run)
     # Beside the files checkout, track and the merge driver replace: the top, and every
     # directory with a staged checkpoint.
