@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -198,17 +201,29 @@ def test_hdf5_reader_missing_or_crashing_is_one_clear_error(
 ) -> None:
     with h5py.File(tracked / "w.h5", "w") as f:
         f["w"] = np.ones(100, dtype=np.float32)
-    shadow = tmp_path / "shadow"
-    shadow.mkdir()
-    (shadow / "h5py.py").write_text(fake + "\n")  # stands in for h5py in the reader's process
-    monkeypatch.setenv("PYTHONPATH", str(shadow))
+    # An environment whose h5py is broken: a virtualenv with a fake h5py.py that sees the
+    # project's packages after its own (git-theta runs Python with -E, so PYTHONPATH
+    # cannot stand in; the reader's child is this same interpreter).
+    venv = tmp_path / "broken-h5py"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    (site,) = venv.glob("lib/python*/site-packages")
+    (site / "h5py.py").write_text(fake + "\n")
+    ours = next(p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir())
+    (site / "project.pth").write_text(f"import site; site.addsitedir({ours!r})\n")
+    broken = shlex.join([str(venv / "bin" / "python"), "-E", "-P", "-m", "git_theta"])
+    normal = git(tracked, "config", "filter.theta.process").stdout.decode().strip()
+
+    def use(command: str) -> None:
+        git(tracked, "config", "--local", "filter.theta.process", command)
+
+    use(f"{broken} filter-process")
     done = git(tracked, "add", "w.h5", check=False)
     assert done.returncode != 0
     assert done.stderr.decode().splitlines()[0] == f"git-theta: error: w.h5: {message}"
     # Checking out needs no h5py: the file is rebuilt from glue and tensors.
-    monkeypatch.delenv("PYTHONPATH")
+    use(normal)
     commit_and_check_out(tracked, "w.h5")
-    monkeypatch.setenv("PYTHONPATH", str(shadow))
+    use(f"{broken} filter-process")
     (tracked / "w.h5").unlink()
     git(tracked, "checkout", "--", "w.h5")
     with h5py.File(tracked / "w.h5", "r") as f:
