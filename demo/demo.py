@@ -50,8 +50,24 @@ def timed(repo: Path, *argv: str) -> float:
 
 
 def store_size(repo: Path) -> int:
-    objects = repo / ".git" / "lfs" / "objects"
-    return sum(p.stat().st_size for p in objects.rglob("*") if p.is_file())
+    """Bytes of the objects in git-lfs's directory and git-theta's own (each file once: a
+    git-theta object may also be hard-linked into git-lfs's for a push)."""
+    lfs = repo / ".git" / "lfs"
+    seen = {}
+    for objects in (lfs / "theta" / "objects", lfs / "objects"):
+        for p in objects.rglob("*") if objects.exists() else []:
+            if p.is_file():
+                seen.setdefault(p.name, p.stat().st_size)
+    return sum(seen.values())
+
+
+def run_err(repo: Path, *argv: str) -> str:
+    """``run``, returning what the command said on stderr (git-theta's reports)."""
+    print(f"$ {' '.join(argv)}", flush=True)
+    done = subprocess.run(argv, cwd=repo, env=ENV, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"demo failed: {' '.join(argv)}\n{done.stderr}")
+    return done.stderr
 
 
 def sha256(path: Path) -> str:
@@ -245,6 +261,35 @@ def main() -> int:
         run(lfs, "git", "commit", "-q", "-m", message)
         lfs_stored.append(store_size(lfs) - sum(lfs_stored))
 
+    print("== a Hugging Face style repository: its Git LFS history migrated to git-theta")
+    # The plain LFS repository gets a tokenizer (a plain LFS file, as on the Hub); a
+    # clone of it is rewritten so that every model version becomes a git-theta version.
+    run(lfs, "git", "lfs", "track", "tokenizer.json")
+    (lfs / "tokenizer.json").write_text(json.dumps({"vocab": list(range(2000))}) + "\n")
+    run(lfs, "git", "add", "-A")
+    run(lfs, "git", "commit", "-q", "-m", "tokenizer")
+    hub = work / "hub"
+    run(work, "git", "clone", "-q", f"file://{lfs}", str(hub))
+    tokenizer = sha256(hub / "tokenizer.json")
+    print(run_err(hub, "git", "theta", "migrate", "import", "--everything").strip())
+    for back, sha in enumerate(reversed(shas), start=1):
+        run(hub, "git", "checkout", "-q", f"main~{back}")
+        matches.append(sha256(hub / "model.safetensors") == sha)
+    run(hub, "git", "checkout", "-q", "main")
+    matches.append(sha256(hub / "tokenizer.json") == tokenizer)
+    # git-theta's objects live out of git lfs prune's reach; the tokenizer stays Git LFS's.
+    run(hub, "git", "lfs", "prune")
+    print(run(hub, "git", "lfs", "ls-files").strip())
+    hub_remote = work / "hub-remote.git"
+    run(work, "git", "init", "-q", "-b", "main", "--bare", str(hub_remote))
+    run(hub, "git", "remote", "set-url", "origin", f"file://{hub_remote}")
+    run(hub, "git", "push", "-q", "origin", "main")
+    hub_clone = work / "hub-clone"
+    run(work, "git", "clone", "-q", f"file://{hub_remote}", str(hub_clone))
+    matches.append(sha256(hub_clone / "tokenizer.json") == tokenizer)
+    matches.append(sha256(hub_clone / "model.safetensors") == shas[-1])
+    print(run(hub_clone, "git", "theta", "doctor").strip())
+
     print()
     print(f"{'stored (MB)':44}{'git-theta':>12}{'Git LFS':>12}")
     for (message, _, _), ours, theirs in zip(steps, stored, lfs_stored, strict=True):
@@ -253,7 +298,10 @@ def main() -> int:
     print(f"git-theta stores {sum(stored) / sum(lfs_stored):.2f}x what Git LFS stores here")
     print(f"git add: {', '.join(f'{t:.2f}s' for t in add_times)}; checkout of v1 {t_checkout:.2f}s")
     verdict = "all MATCH" if all(matches) else "MISMATCH"
-    print(f"sha256 of v1 after checkout, and of v1..v{len(steps)} in a fresh clone: {verdict}")
+    print(
+        f"sha256 of v1 after checkout, of v1..v{len(steps)} in a fresh clone, and of every "
+        f"migrated version and the tokenizer: {verdict}"
+    )
     return 0 if all(matches) else 1
 
 

@@ -18,7 +18,7 @@ def test_doctor_on_a_good_repository_exits_0(
     assert out[0].startswith("git-theta ")
     assert "hook pre-push: git-theta's" in out
     assert "hook reference-transaction: git-theta's" in out
-    assert any(line.startswith("object store: ") for line in out)
+    assert any(line.startswith("git-theta objects: ") for line in out)
     assert not [line for line in out if line.startswith("problem:")]
 
 

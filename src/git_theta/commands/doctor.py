@@ -69,17 +69,22 @@ def _hook_lines(hooks: str) -> tuple[list[str], list[str]]:
     return lines, problems
 
 
-def _store_line(lfs_dir: str) -> str:
-    root = os.path.join(lfs_dir, "objects")
-    count = size = 0
-    for base, _dirs, files in os.walk(root):
-        for name in files:
-            try:
-                size += os.lstat(os.path.join(base, name)).st_size
-            except OSError:
-                continue
-            count += 1
-    return f"object store: {root} ({count} objects, {size / 1e6:.1f} MB)"
+def _store_lines(lfs_dir: str) -> list[str]:
+    from git_theta.store import ObjectStore
+
+    store = ObjectStore(lfs_dir)
+    out = []
+    for what, root in (("git-theta objects", store.root), ("Git LFS objects", store.lfs_root)):
+        count = size = 0
+        for base, _dirs, files in os.walk(root):
+            for name in files:
+                try:
+                    size += os.lstat(os.path.join(base, name)).st_size
+                except OSError:
+                    continue
+                count += 1
+        out.append(f"{what}: {root} ({count} objects, {size / 1e6:.1f} MB)")
+    return out
 
 
 def doctor() -> int:
@@ -119,7 +124,7 @@ def doctor() -> int:
         lines, found = _hook_lines(hooks)
         out += lines
         problems += found
-        out.append(_store_line(git.lfs_storage_dir()))
+        out += _store_lines(git.lfs_storage_dir())
     else:
         out.append("not inside a git work tree: repository checks skipped")
     for line in out:
