@@ -135,7 +135,7 @@ def _reduce(func: Any, args: Any) -> Any:
         return list(args[0]) if args and type(args[0]) in (tuple, list) else []
     if name == ("torch", "device"):
         return f"device({', '.join(str(a)[:20] for a in args[:2])})"
-    raise CheckpointError(f"pickle calls {shown(func.module + '.' + func.name)}, not allowed")
+    raise CheckpointError(f"pickle calls {_dotted(func.module, func.name)}, which is not allowed")
 
 
 _U16 = struct.Struct("<H")
@@ -355,10 +355,16 @@ def _line_length(data: bytes, pos: int) -> int:
     return end - pos
 
 
+def _dotted(module: str, name: str) -> str:
+    """``module.name`` for a message: as it is when printable and short, else quoted."""
+    dotted = f"{module}.{name}"
+    return dotted if dotted.isprintable() and len(dotted) <= 120 else shown(dotted)
+
+
 def _global(module: str, name: str) -> Global:
     if (module, name) not in _ALLOWED:
         raise CheckpointError(
-            f"pickle refers to {shown(module + '.' + name)}, which is not on git-theta's "
+            f"pickle refers to {_dotted(module, name)}, which is not on git-theta's "
             "allow-list (only tensors, storages and plain containers are read; no code runs)"
         )
     return Global(module, name)
