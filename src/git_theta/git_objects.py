@@ -19,6 +19,7 @@ from typing import IO, NamedTuple
 
 from git_theta import git
 from git_theta.errors import ThetaError
+from git_theta.files import atomic_write
 from git_theta.proc import Helper, run, start
 
 TREE = b"40000"
@@ -100,8 +101,7 @@ class Objects:
                 "git", *git.NO_FILTER, "hash-object", "-w", "-t", kind, *literally,
                 "--no-filters", "--stdin-paths",
             )  # fmt: skip
-        with open(self._scratch, "wb") as fh:
-            fh.write(data)
+        atomic_write(self._scratch, data)  # in our private scratch directory, as every write
         inp, out = _pipes(self._writers[kind])
         inp.write(os.fsencode(self._scratch) + b"\n")
         inp.flush()
