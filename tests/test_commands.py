@@ -18,6 +18,19 @@ from git_theta.commands.track import update_attributes
 from git_theta.errors import UsageError
 from git_theta.settings import env_flag
 
+# The filter itself (the warm server is opt-in), isolated from PYTHONPATH and the cwd, behind
+# a check that says what to do when its interpreter is gone.
+DIRECT = (
+    f"[ -x {shlex.quote(sys.executable)} ] || {{ echo "
+    + shlex.quote(
+        f"git-theta: error: {sys.executable}, the Python git-theta was installed with, is "
+        "gone (a moved or deleted virtualenv?): reinstall git-theta and run "
+        "`git theta install` again"
+    )
+    + " >&2; exit 1; }; exec "
+    + shlex.join([sys.executable, "-E", "-P", "-m", "git_theta", "filter-process"])
+)
+
 
 def config(key: str, *scope: str) -> str:
     return subprocess.run(
@@ -28,7 +41,7 @@ def config(key: str, *scope: str) -> str:
 def test_install_writes_global_config() -> None:
     assert main(["install"]) == 0
     # The filter itself (the warm server is opt-in), isolated from PYTHONPATH and the cwd.
-    expected = shlex.join([sys.executable, "-E", "-P", "-m", "git_theta", "filter-process"])
+    expected = DIRECT
     assert config("filter.theta.process", "--global") == expected
     assert config("filter.theta.required", "--global") == "true"
 
@@ -39,7 +52,7 @@ def test_install_local_only_touches_the_repo(
     git(tmp_path, "init", "-q")
     monkeypatch.chdir(tmp_path)
     assert main(["install", "--local"]) == 0
-    expected = shlex.join([sys.executable, "-E", "-P", "-m", "git_theta", "filter-process"])
+    expected = DIRECT
     assert config("filter.theta.process", "--local") == expected
     global_config = Path(os.environ["GIT_CONFIG_GLOBAL"]).read_text()
     assert "theta" not in global_config

@@ -21,7 +21,16 @@ from git_theta.commands.cli import main
 from git_theta.forkserver import find_servers
 
 CLIENT = shlex.join([sys.executable, "-I", "-S", filter_client.__file__])
-DIRECT = shlex.join([sys.executable, "-E", "-P", "-m", "git_theta", "filter-process"])
+DIRECT = (
+    f"[ -x {shlex.quote(sys.executable)} ] || {{ echo "
+    + shlex.quote(
+        f"git-theta: error: {sys.executable}, the Python git-theta was installed with, is "
+        "gone (a moved or deleted virtualenv?): reinstall git-theta and run "
+        "`git theta install` again"
+    )
+    + " >&2; exit 1; }; exec "
+    + shlex.join([sys.executable, "-E", "-P", "-m", "git_theta", "filter-process"])
+)
 
 
 @pytest.fixture

@@ -76,3 +76,25 @@ def test_theta_checkout_without_the_filter_never_stages_weights(
     assert git(repo, "ls-files", "-s").stdout == staged
     done = subprocess.run(["git", "diff", "--cached", "--quiet"], cwd=repo)
     assert done.returncode == 0
+
+
+def test_a_gone_interpreter_in_git_s_own_commands_says_what_to_do(
+    repo: Path, tmp_path: Path
+) -> None:
+    """git runs the configured commands itself: with their Python gone (a deleted
+    virtualenv), git add prints our line first instead of only the shell's 'not found'."""
+    from git_theta.commands import install
+
+    gone = str(tmp_path / "deleted-venv/bin/python")
+    real = install.python_argv()[0]
+    for key, value in install.settings():
+        if value.startswith("[ -x "):
+            git(repo, "config", key, value.replace(real, gone))
+    (repo / "m.safetensors").write_bytes(st_from_arrays(f32({"w": (8, 8)}, 1)))
+    done = git(repo, "add", "m.safetensors", check=False)
+    assert done.returncode != 0
+    assert done.stderr.decode().splitlines()[0] == (
+        f"git-theta: error: {gone}, the Python git-theta was installed with, is gone (a "
+        "moved or deleted virtualenv?): reinstall git-theta and run `git theta install` again"
+    )
+    assert git(repo, "ls-files", "m.safetensors").stdout == b""

@@ -121,7 +121,9 @@ def test_every_command_install_writes_runs_python_isolated() -> None:
     commands = {k: v for k, v in commands.items() if v != "true"}
     assert len(commands) == 6, written  # process, clean, smudge, diff, textconv, merge
     for key, value in commands.items():
-        assert shlex.split(value)[:5] == [sys.executable, *FLAGS, "-m", "git_theta"], key
+        guard, _, runs = value.partition("; exec ")
+        assert guard.startswith(f"[ -x {shlex.quote(sys.executable)} ] || "), key
+        assert shlex.split(runs)[:5] == [sys.executable, *FLAGS, "-m", "git_theta"], key
     assert written["filter.theta.process"].endswith(" filter-process")
 
 

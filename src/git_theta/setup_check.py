@@ -46,6 +46,8 @@ def program_problem(command: str) -> str | None:
         return f"cannot be parsed ({command!r})"
     if not argv:
         return "is empty"
+    if argv[:2] == ["[", "-x"] and len(argv) > 2:
+        argv = argv[2:]  # install's guard: `[ -x PYTHON ] || {...}; exec PYTHON ...`
     program = argv[0]
     if os.sep in program:
         if not (os.path.isfile(program) and os.access(program, os.X_OK)):

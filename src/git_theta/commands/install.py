@@ -17,10 +17,22 @@ from git_theta.hooks import HooksElsewhereError, install_hooks
 from git_theta.interpreter import python_argv
 from git_theta.proc import run
 
+GUARD = "[ -x {python} ] || {{ echo {message} >&2; exit 1; }}; exec "
+
 
 def command(*args: str) -> str:
-    """The shell command (git runs these with sh) that runs ``git-theta ARGS...``."""
-    return shlex.join(python_argv("-m", "git_theta", *args))
+    """The shell command (git runs these with sh) that runs ``git-theta ARGS...``: this
+    interpreter, isolated, behind a check that it still exists, so that a moved or
+    deleted virtualenv says what to do instead of the shell's "not found" and git's "the
+    remote end hung up unexpectedly"."""
+    argv = python_argv("-m", "git_theta", *args)
+    message = (
+        f"git-theta: error: {argv[0]}, the Python git-theta was installed with, is gone "
+        "(a moved or deleted virtualenv?): reinstall git-theta and run `git theta install` "
+        "again"
+    )
+    guard = GUARD.format(python=shlex.quote(argv[0]), message=shlex.quote(message))
+    return guard + shlex.join(argv)
 
 
 def process_command(server: bool = False) -> str:
