@@ -34,13 +34,14 @@ ENV = {
 }
 
 
-def run(repo: Path, *argv: str) -> str:
-    """Run a command in ``repo``, echoing it; stop the demo if it fails."""
+def run(repo: Path, *argv: str, stderr: bool = False) -> str:
+    """Run a command in ``repo``, echoing it; stop the demo if it fails. Returns its
+    stdout, or with ``stderr`` what it said there (git-theta's reports)."""
     print(f"$ {' '.join(argv)}", flush=True)
     done = subprocess.run(argv, cwd=repo, env=ENV, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"demo failed: {' '.join(argv)}\n{done.stderr}")
-    return done.stdout
+    return done.stderr if stderr else done.stdout
 
 
 def timed(repo: Path, *argv: str) -> float:
@@ -59,15 +60,6 @@ def store_size(repo: Path) -> int:
             if p.is_file():
                 seen.setdefault(p.name, p.stat().st_size)
     return sum(seen.values())
-
-
-def run_err(repo: Path, *argv: str) -> str:
-    """``run``, returning what the command said on stderr (git-theta's reports)."""
-    print(f"$ {' '.join(argv)}", flush=True)
-    done = subprocess.run(argv, cwd=repo, env=ENV, capture_output=True, text=True)
-    if done.returncode != 0:
-        sys.exit(f"demo failed: {' '.join(argv)}\n{done.stderr}")
-    return done.stderr
 
 
 def sha256(path: Path) -> str:
@@ -271,7 +263,7 @@ def main() -> int:
     hub = work / "hub"
     run(work, "git", "clone", "-q", f"file://{lfs}", str(hub))
     tokenizer = sha256(hub / "tokenizer.json")
-    print(run_err(hub, "git", "theta", "migrate", "import", "--everything").strip())
+    print(run(hub, "git", "theta", "migrate", "import", "--everything", stderr=True).strip())
     for back, sha in enumerate(reversed(shas), start=1):
         run(hub, "git", "checkout", "-q", f"main~{back}")
         matches.append(sha256(hub / "model.safetensors") == sha)

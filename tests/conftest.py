@@ -5,17 +5,33 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from lfs_server import LfsServer
 
 from git_theta.commands.cli import main
 from git_theta.forkserver import stop_servers
 
 BIN = str(Path(sys.executable).parent)
+
+# What `git theta install` writes as the filter: the filter itself (the warm server is
+# opt-in), isolated from PYTHONPATH and the cwd, behind a check that says what to do when
+# its interpreter is gone.
+DIRECT = (
+    f"[ -x {shlex.quote(sys.executable)} ] || {{ echo "
+    + shlex.quote(
+        f"git-theta: error: {sys.executable}, the Python git-theta was installed with, is "
+        "gone (a moved or deleted virtualenv?): reinstall git-theta and run "
+        "`git theta install` again"
+    )
+    + " >&2; exit 1; }; exec "
+    + shlex.join([sys.executable, "-E", "-P", "-m", "git_theta", "filter-process"])
+)
 
 
 def _kill_servers(directory: Path) -> None:
@@ -80,6 +96,15 @@ def sha256(path: Path) -> str:
 def lfs_objects(repo: Path) -> set[str]:
     root = repo / ".git" / "lfs" / "theta" / "objects"
     return {p.name for p in root.rglob("*") if p.is_file()} if root.exists() else set()
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[LfsServer]:
+    """A real Git LFS server (giftless) on 127.0.0.1, stopped after the test."""
+    srv = LfsServer(tmp_path)
+    srv.start()
+    yield srv
+    srv.stop()
 
 
 @pytest.fixture

@@ -4,32 +4,18 @@ from __future__ import annotations
 
 import io
 import os
-import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import git
+from conftest import DIRECT, git
 
 from git_theta import progress
 from git_theta.commands.cli import main
 from git_theta.commands.track import update_attributes
 from git_theta.errors import UsageError
 from git_theta.settings import env_flag
-
-# The filter itself (the warm server is opt-in), isolated from PYTHONPATH and the cwd, behind
-# a check that says what to do when its interpreter is gone.
-DIRECT = (
-    f"[ -x {shlex.quote(sys.executable)} ] || {{ echo "
-    + shlex.quote(
-        f"git-theta: error: {sys.executable}, the Python git-theta was installed with, is "
-        "gone (a moved or deleted virtualenv?): reinstall git-theta and run "
-        "`git theta install` again"
-    )
-    + " >&2; exit 1; }; exec "
-    + shlex.join([sys.executable, "-E", "-P", "-m", "git_theta", "filter-process"])
-)
 
 
 def config(key: str, *scope: str) -> str:

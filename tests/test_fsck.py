@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -142,14 +141,6 @@ def test_a_bad_manifest_is_one_line(two_versions: Path, capsys: pytest.CaptureFi
         "HEAD:model.safetensors: invalid manifest: the layout holds a glue length of -5"
     ]
     assert fsck(capsys, "HEAD~1")[0] == 0
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[LfsServer]:
-    srv = LfsServer(tmp_path)
-    srv.start()
-    yield srv
-    srv.stop()
 
 
 def test_remote_lacking_objects_is_named_without_downloading(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,14 +20,6 @@ from git_theta.hooks import MARKER
 
 SHAPES = {"emb": (64, 16), "layer.weight": (16, 16), "layer.bias": (16,)}
 TOKENIZER = b'{"vocab": {"a": 0, "b": 1}, "merges": []}\n' * 50
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[LfsServer]:
-    srv = LfsServer(tmp_path)
-    srv.start()
-    yield srv
-    srv.stop()
 
 
 def lfs(repo: Path, *args: str) -> subprocess.CompletedProcess[bytes]:

@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,14 +14,6 @@ from lfs_server import CuttingProxy, LfsServer
 from st_files import f32, st_from_arrays
 
 SHAPES = {"emb": (128, 32), "layer.weight": (32, 32), "layer.bias": (32,), "head": (32, 8)}
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[LfsServer]:
-    srv = LfsServer(tmp_path)
-    srv.start()
-    yield srv
-    srv.stop()
 
 
 def write(repo: Path, seed: int, name: str = "model.safetensors") -> str:

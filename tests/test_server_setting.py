@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import _kill_servers, git
+from conftest import DIRECT, _kill_servers, git
 from st_files import f32, st_from_arrays
 from test_forkserver import SERVED, SHAPES, server_argv, sock_path, start_server
 
@@ -21,16 +21,6 @@ from git_theta.commands.cli import main
 from git_theta.forkserver import find_servers
 
 CLIENT = shlex.join([sys.executable, "-I", "-S", filter_client.__file__])
-DIRECT = (
-    f"[ -x {shlex.quote(sys.executable)} ] || {{ echo "
-    + shlex.quote(
-        f"git-theta: error: {sys.executable}, the Python git-theta was installed with, is "
-        "gone (a moved or deleted virtualenv?): reinstall git-theta and run "
-        "`git theta install` again"
-    )
-    + " >&2; exit 1; }; exec "
-    + shlex.join([sys.executable, "-E", "-P", "-m", "git_theta", "filter-process"])
-)
 
 
 @pytest.fixture

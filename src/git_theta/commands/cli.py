@@ -14,6 +14,16 @@ if TYPE_CHECKING:
     import argparse
 
 
+def _scope_options(p: argparse.ArgumentParser) -> None:
+    """--global (the default), --local or --system: which git config a command writes."""
+    scope = p.add_mutually_exclusive_group()
+    for name in ("global", "local", "system"):
+        scope.add_argument(
+            f"--{name}", dest="scope", action="store_const", const=name, help=f"{name} config"
+        )
+    p.set_defaults(scope="global")
+
+
 def _parser() -> argparse.ArgumentParser:
     import argparse  # not for filter-process (see main)
 
@@ -24,12 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("install", help="configure git to use git-theta")
-    scope = p.add_mutually_exclusive_group()
-    for name in ("global", "local", "system"):
-        scope.add_argument(
-            f"--{name}", dest="scope", action="store_const", const=name, help=f"{name} config"
-        )
-    p.set_defaults(scope="global")
+    _scope_options(p)
     p.add_argument(
         "--server",
         action="store_true",
@@ -40,12 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=("status", "stop"))
 
     p = sub.add_parser("uninstall", help="remove git-theta's git config and hooks")
-    scope = p.add_mutually_exclusive_group()
-    for name in ("global", "local", "system"):
-        scope.add_argument(
-            f"--{name}", dest="scope", action="store_const", const=name, help=f"{name} config"
-        )
-    p.set_defaults(scope="global")
+    _scope_options(p)
 
     sub.add_parser("doctor", help="show git-theta's set-up here and what is wrong with it")
 
