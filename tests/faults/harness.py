@@ -384,7 +384,23 @@ def left_after_prune(repo: Path, env: dict[str, str]) -> tuple[list[str], Done]:
     left = temporaries(repo)
     for path in left:
         (repo / path).unlink(missing_ok=True)
-    return left, done
+    return [f"{path}{_writer_state(path)}" for path in left], done
+
+
+def _writer_state(name: str) -> str:
+    """What became of the process named in a temporary's name (``theta-PID-...``): a
+    zombie still answers kill(pid, 0) until its parent, or init, reaps it."""
+    _, sep, tail = name.rpartition("theta-")
+    pid = tail.partition("-")[0]
+    if not sep or not pid.isdigit():
+        return ""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return f" (its writer, pid {pid}, is gone)"
+    state = stat[stat.rindex(b")") + 2 :].split()[0].decode()
+    return f" (its writer, pid {pid}, is {'a zombie' if state == 'Z' else 'running'})"
 
 
 def rmtree(path: Path) -> None:
