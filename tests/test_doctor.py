@@ -59,3 +59,20 @@ def test_uninstall_removes_exactly_what_install_wrote(
     assert not (hooks / "reference-transaction").exists()
     assert (hermetic_git / ".gitconfig").read_bytes() == config_before
     assert git(work, "config", "--get-regexp", "theta", check=False).stdout == b""
+
+
+def test_uninstall_keeps_keys_install_did_not_write(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = repo / ".git/config"
+    git(repo, "config", "diff.theta.xfuncname", "^tensor")  # the user's own, beside ours
+    git(repo, "config", "theta.note", "mine")
+    before = config.read_bytes()
+    assert main(["install", "--local"]) == 0
+    capsys.readouterr()
+    assert main(["uninstall", "--local"]) == 0
+    assert config.read_bytes() == before
+    assert capsys.readouterr().err.splitlines()[0] == (
+        "git-theta: removed the 9 keys git-theta install writes from the local git config "
+        "(kept diff.theta.xfuncname, which it does not write)"
+    )
