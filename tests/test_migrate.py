@@ -398,3 +398,52 @@ def test_prune_after_import_frees_the_lfs_objects_no_pointer_names(
     for subject, c in commits(hf).items():
         git(hf, "checkout", "-q", c)
         assert status(hf) == "", subject
+
+
+def files_under(path: Path) -> set[str]:
+    return {str(p.relative_to(path)) for p in path.rglob("*") if p.is_file()}
+
+
+def test_a_branch_checked_out_in_another_worktree_is_refused(
+    hf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    other = tmp_path / "other worktree"
+    git(hf, "worktree", "add", "-q", str(other), "finetune")
+    before, stored = refs(hf), files_under(hf / ".git")
+    capsys.readouterr()
+    # Moving finetune would leave that worktree's index and files on the old commit: its
+    # status would show the whole rewrite staged, and its next commit would undo it.
+    assert main(["migrate", "import", "--everything"]) == 1
+    assert capsys.readouterr().err == (
+        f"git-theta: error: branch 'finetune' is checked out in the worktree '{other}': "
+        f"detach it there (`git -C '{other}' switch --detach`) or name the branches to "
+        "migrate, then run `git theta migrate` again\n"
+    )
+    assert refs(hf) == before
+    assert files_under(hf / ".git") == stored  # no object written, no ref moved
+    assert status(other) == ""
+
+    monkeypatch.chdir(other)  # from there, the main worktree's branch is the other one
+    assert main(["migrate", "import", "--everything"]) == 1
+    assert "branch 'main' is checked out in the worktree" in capsys.readouterr().err
+    assert main(["migrate", "import"]) == 0  # its own branch, refreshed in place
+    assert status(other) == "" and status(hf) == ""
+    assert refs(hf)["refs/heads/finetune"] != before["refs/heads/finetune"]
+    assert refs(hf)["refs/heads/main"] == before["refs/heads/main"]
+
+    git(other, "switch", "-q", "--detach")
+    monkeypatch.chdir(hf)
+    assert main(["migrate", "import", "main"]) == 0
+    assert status(other) == "" and status(hf) == ""
+
+    gone = tmp_path / "gone"
+    git(hf, "worktree", "add", "-q", "-b", "gone", str(gone))
+    shutil.rmtree(gone)  # still registered: git refuses to move its branch too
+    capsys.readouterr()
+    assert main(["migrate", "import", "--everything"]) == 1
+    assert capsys.readouterr().err == (
+        f"git-theta: error: branch 'gone' is checked out in the worktree '{gone}': its "
+        "directory is gone: run `git worktree prune`, then run `git theta migrate` again\n"
+    )
+    git(hf, "worktree", "prune")
+    assert main(["migrate", "import", "--everything"]) == 0

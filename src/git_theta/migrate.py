@@ -23,6 +23,7 @@ import contextlib
 import hashlib
 import io
 import os
+import shlex
 import stat
 import sys
 import tempfile
@@ -33,6 +34,7 @@ from typing import IO, NamedTuple
 from git_theta import git, git_objects, lfs_pointer
 from git_theta.clean import clean
 from git_theta.commands.track import OURS, update_attributes
+from git_theta.display import quote
 from git_theta.errors import CheckpointError, ObjectCorruptError, ThetaError
 from git_theta.files import TempFile
 from git_theta.git_objects import REGULAR, TREE, Entry
@@ -655,6 +657,45 @@ def _refs(names: list[str], everything: bool) -> list[tuple[str, str, str]]:
     return [(name, *local[name]) for name in dict.fromkeys(wanted)]
 
 
+def _branches_in_other_worktrees() -> dict[str, tuple[str, bool]]:
+    """Branch -> (path, whether its directory is gone) of every worktree but this one
+    that has a branch checked out (``git worktree list``)."""
+    done = run("git", "rev-parse", "--show-toplevel", check=False)
+    here = os.path.realpath(os.fsdecode(done.stdout.strip())) if done.returncode == 0 else None
+    out: dict[str, tuple[str, bool]] = {}
+    listing = git.git("worktree", "list", "--porcelain", "-z")
+    for record in listing.split(b"\0\0"):
+        fields = [os.fsdecode(f) for f in record.split(b"\0") if f]
+        path = next((f[9:] for f in fields if f.startswith("worktree ")), "")
+        branch = next((f[7:] for f in fields if f.startswith("branch ")), "")
+        if branch and path and os.path.realpath(path) != here:
+            out[branch] = (path, any(f.split(" ", 1)[0] == "prunable" for f in fields))
+    return out
+
+
+def refuse_branches_checked_out_elsewhere(names: list[str]) -> None:
+    """Raise MigrateError when one of the refs ``names`` is the branch of another
+    worktree: moving it under that worktree would leave its index and files on the old
+    commit, so its status shows the rewrite undone and its next commit makes it so (git
+    itself refuses to move such a branch)."""
+    elsewhere = _branches_in_other_worktrees()
+    for name in names:
+        if name not in elsewhere:
+            continue
+        path, gone = elsewhere[name]
+        branch = quote(name.removeprefix("refs/heads/"))
+        fix = (
+            "its directory is gone: run `git worktree prune`"
+            if gone
+            else f"detach it there (`git -C {shlex.quote(path)} switch --detach`) or name "
+            "the branches to migrate"
+        )
+        raise MigrateError(
+            f"branch {branch} is checked out in the worktree {quote(path)}: {fix}, then "
+            "run `git theta migrate` again"
+        )
+
+
 def _commits(tips: list[str], everything: bool) -> list[list[str]]:
     """Each commit to rewrite followed by its parents, parents before children. Unless
     ``everything``, commits a remote has are left out, as `git lfs migrate` does."""
@@ -745,7 +786,8 @@ def migrate(mode: str, patterns: list[str], names: list[str], everything: bool) 
     git-theta) or 'export' (git-theta to Git LFS); return what was done.
 
     Raises MigrateError (nothing changed) for a dirty work tree, a ref that is not local,
-    a file that cannot be converted or an object that cannot be found; NotSetUpError when
+    a branch to rewrite that another worktree has checked out, a file that cannot be
+    converted or an object that cannot be found; NotSetUpError when
     the filter the result needs is not configured.
     """
     from git_theta.setup_check import require_filter
@@ -762,6 +804,10 @@ def migrate(mode: str, patterns: list[str], names: list[str], everything: bool) 
         require_clean_work_tree()
     refs = _refs(names, everything)
     commits = _commits(sorted({oid for _, oid, _ in refs}), everything)
+    # Before anything is written, so a refusal leaves no trace: a branch whose tip is
+    # among the commits to rewrite may move.
+    to_rewrite = {oid for oid, *_ in commits}
+    refuse_branches_checked_out_elsewhere([name for name, oid, _ in refs if oid in to_rewrite])
     with tempfile.TemporaryDirectory(prefix="theta-migrate-", dir=git.common_dir()) as scratch:
         rewriter = (_Importer if mode == "import" else _Exporter)(patterns, scratch)
         try:
