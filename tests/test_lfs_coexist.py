@@ -205,3 +205,49 @@ def test_objects_an_older_git_theta_kept_in_git_lfs_dir_are_taken_in(repo: Path)
     (repo / "model.safetensors").unlink()
     git(repo, "checkout", "--", "model.safetensors")
     assert sha256(repo / "model.safetensors") == sha
+
+
+def test_a_chained_hook_that_only_mentions_git_lfs_does_not_stop_its_upload(
+    tmp_path: Path, server: LfsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    git(work, "init", "-q")
+    hook = work / ".git/hooks/pre-push"
+    hook.parent.mkdir(parents=True, exist_ok=True)
+    hook.write_text("#!/bin/sh\n# we used to call git lfs pre-push here\nexit 0\n")
+    hook.chmod(0o755)
+    assert lfs(work, "install", "--skip-repo").returncode == 0
+    later_lfs_track(work, monkeypatch)  # git-theta chains the user's hook
+    remote = tmp_path / "origin.git"
+    git(tmp_path, "init", "-q", "--bare", str(remote))
+    git(work, "remote", "add", "origin", f"file://{remote}")
+    (work / ".lfsconfig").write_text(f'[lfs]\n\turl = "{server.url("mention")}"\n')
+    (work / "tokenizer.json").write_bytes(TOKENIZER)
+    git(work, "add", "-A")
+    git(work, "commit", "-q", "-m", "tokenizer")
+    git(work, "push", "-q", "origin", "main")
+    assert hashlib.sha256(TOKENIZER).hexdigest() in server.objects()
+
+
+def test_ref_updates_never_need_a_temporary_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unusable TMPDIR must not abort `git commit` (a chained reference-transaction
+    hook, which gets git's input through ours) nor refuse a push."""
+    work = tmp_path / "work"
+    work.mkdir()
+    git(work, "init", "-q")
+    theirs = work / ".git/hooks/reference-transaction"
+    theirs.parent.mkdir(parents=True, exist_ok=True)
+    theirs.write_text("#!/bin/sh\ncat >/dev/null\nexit 0\n")
+    theirs.chmod(0o755)
+    theta_setup(work, monkeypatch)
+    assert (work / ".git/hooks/reference-transaction.theta-chained").exists()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "no-such-dir"))
+    git(work, "add", ".gitattributes")
+    git(work, "commit", "-q", "-m", "attributes")
+    remote = tmp_path / "origin.git"
+    git(tmp_path, "init", "-q", "--bare", str(remote))
+    git(work, "push", "-q", f"file://{remote}", "main")
+    assert git(remote, "rev-parse", "main").stdout == git(work, "rev-parse", "main").stdout

@@ -294,7 +294,8 @@ def atomic_write(
             fh.write(part)
 
 
-def _alive(pid: int) -> bool:
+def writer_alive(pid: int) -> bool:
+    """Whether process ``pid`` (a temporary's writer) still runs; a zombie does not."""
     if pid == os.getpid():
         return True
     try:
@@ -303,7 +304,14 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:  # it exists, as another user's
         return True
-    return True
+    # A zombie answers signal 0 too: killed, but not reaped (a container whose pid 1 does
+    # not reap). Its temporaries are as stale as a vanished process's.
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            state = fh.read(4096).rpartition(b")")[2].split()[:1]
+    except OSError:
+        return True  # no /proc here: assume alive, the age rule still applies
+    return state != [b"Z"]
 
 
 def writer_pid(name: str) -> int | None:
@@ -339,7 +347,7 @@ def remove_stale(
         age = now - st.st_mtime
         if pid is None or not stat.S_ISREG(st.st_mode) or age < DEAD_WRITER_GRACE:
             continue
-        if age < STALE_AGE and _alive(pid):
+        if age < STALE_AGE and writer_alive(pid):
             continue
         if not dry_run:
             try:

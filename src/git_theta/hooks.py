@@ -3,15 +3,17 @@
 A hook that is not ours is kept as ``pre-push.theta-chained`` and run after ours with the
 same arguments and input; we never delete or overwrite another tool's hook.
 
-Our hook also does Git LFS's work (``git lfs pre-push``) unless the chained hook does it:
-once our hook is in place ``git lfs install`` refuses to add its own ("Hook already
-exists"), and a repository whose plain LFS files never reach the remote is broken for
-everyone who clones it. ``git lfs install --force`` replaces our hook with Git LFS's; the
+Our hook also does Git LFS's work (``git lfs pre-push``), then runs the chained hook with
+``GIT_LFS_SKIP_PUSH=1`` so that a chained Git LFS hook does not do it twice: once our hook
+is in place ``git lfs install`` refuses to add its own ("Hook already exists"), and a
+repository whose plain LFS files never reach the remote is broken for everyone who
+clones it. ``git lfs install --force`` replaces our hook with Git LFS's; the
 next git-theta command or filter run puts ours back in front of it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from git_theta import git
@@ -38,48 +40,58 @@ GONE = (
     "`git theta install` again"
 )
 
+# Git's input to a hook is a few lines (one per ref): held in a variable, not a temporary
+# file, so an unusable TMPDIR cannot refuse a push or abort a ref update.
+_FEED = 'feed() { if [ -n "$input" ]; then printf \'%s\\n\' "$input"; fi; }'
+
 SCRIPT = f"""#!/bin/sh
 {MARKER}: uploads tensor objects, then Git LFS objects, before git updates the
 # remote's refs. A hook that was here before is kept as {CHAINED} and runs
-# after this one; when it does not run `{LFS_CALL}`, this hook does.
+# after them, with Git LFS's upload done already (GIT_LFS_SKIP_PUSH=1).
 [ -x {_sh_quote(PYTHON)} ] || {{
   echo {_sh_quote(GONE + "; push refused")} >&2
   exit 1
 }}
-input=$(mktemp) || exit 1
-trap 'rm -f "$input"' EXIT
-cat >"$input"
-{THETA} pre-push "$@" <"$input" || exit $?
+input=$(cat)
+{_FEED}
+feed | {THETA} pre-push "$@" || exit $?
+if command -v git-lfs >/dev/null 2>&1; then
+  feed | {LFS_CALL} "$@" || exit $?
+fi
 chained="$(dirname "$0")/{CHAINED}"
 if [ -x "$chained" ]; then
-  "$chained" "$@" <"$input" || exit $?
-  grep -q "{LFS_CALL}" "$chained" && exit 0
+  feed | GIT_LFS_SKIP_PUSH=1 "$chained" "$@" || exit $?
 fi
-command -v git-lfs >/dev/null 2>&1 || exit 0  # no Git LFS, no plain LFS files to send
-{LFS_CALL} "$@" <"$input"
+exit 0
 """
 
 # Runs on every ref update, so it costs a shell and a grep unless our pre-push hook is
 # gone (`git lfs install --force` replaces it): then it puts it back and, when the update
-# is a push's remote-tracking refs, uploads what that push sent without its objects.
+# is a push's remote-tracking refs, uploads what that push sent without its objects. When
+# the hook cannot be put back (another tool's hook and a different chained one), that is
+# said once and remembered in CONFLICT, so later commits do not start Python again.
 WATCH_CHAINED = "reference-transaction.theta-chained"
+CONFLICT = "pre-push.theta-conflict"
 WATCH_SCRIPT = f"""#!/bin/sh
 {WATCH_MARKER}: puts the pre-push hook back when another tool
 # replaced it, and uploads the tensor objects of a push made without it.
 # A hook that was here before is kept as {WATCH_CHAINED} and runs first.
 hooks=$(dirname "$0")
 chained="$hooks/{WATCH_CHAINED}"
-if [ -x "$chained" ]; then
-  input=$(mktemp) || exit 1
-  trap 'rm -f "$input"' EXIT
-  cat >"$input"
-  "$chained" "$@" <"$input" || exit $?
-  exec <"$input"
+if [ "$1" != committed ]; then
+  if [ -x "$chained" ]; then exec "$chained" "$@"; fi
+  exit 0
 fi
-[ "$1" = committed ] || exit 0
+input=$(cat)
+{_FEED}
+if [ -x "$chained" ]; then feed | "$chained" "$@"; fi
 grep -qF "{MARKER}" "$hooks/pre-push" 2>/dev/null && exit 0
+case $input in
+  *" refs/remotes/"*) ;;
+  *) [ -e "$hooks/{CONFLICT}" ] && exit 0 ;;
+esac
 [ -x {_sh_quote(PYTHON)} ] || {{ echo {_sh_quote(GONE)} >&2; exit 0; }}
-{THETA} after-push || true
+feed | {THETA} after-push || true
 exit 0
 """
 
@@ -131,6 +143,8 @@ def install_hooks(cwd: str | None = None) -> str:
         )
     hook = _install(hooks, "pre-push", SCRIPT, MARKER, CHAINED)
     _install(hooks, "reference-transaction", WATCH_SCRIPT, WATCH_MARKER, WATCH_CHAINED)
+    with contextlib.suppress(FileNotFoundError):  # in place: nothing to remember any more
+        os.unlink(os.path.join(hooks, CONFLICT))
     return hook
 
 

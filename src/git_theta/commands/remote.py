@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -49,12 +50,13 @@ def pre_push(remote: str, lines: list[str]) -> int:
     return 0
 
 
-def upload(remote: str, include: list[str], exclude: list[str]) -> int:
+def upload(remote: str, include: list[str], exclude: list[str], local_only: bool = False) -> int:
     """Upload every object the manifests in ``include`` but not ``exclude`` need (what
     the remote is known to have); return how many were checked or uploaded.
 
     Raises ObjectMissingError when an object is neither local nor known to be on the
-    remote.
+    remote, unless ``local_only`` (only what is here is sent, and nothing is said of the
+    rest: after a fetch, commits are the remote's own).
     """
     if not include:
         return 0
@@ -63,7 +65,7 @@ def upload(remote: str, include: list[str], exclude: list[str]) -> int:
     known_remote = set(needed_by([m for rev in exclude for m in manifests_at(rev)]))
     local = [ref for ref in wanted if repo.store.has(ref)]
     lost = [ref for ref in wanted if ref not in known_remote and not repo.store.has(ref)]
-    if lost:
+    if lost and not local_only:
         raise ObjectMissingError(
             f"push refused: object {lost[0].oid} for {wanted[lost[0]]} is not in the local "
             f"store ({len(lost)} missing); run `git theta fetch --all` and push again"
@@ -82,9 +84,19 @@ def after_push(lines: list[str]) -> int:
 
     ``lines`` are git's ``OLD NEW REFNAME``. Returns 0; a failed upload says how to retry.
     """
-    from git_theta.hooks import install_hooks
+    from git_theta.files import atomic_write
+    from git_theta.hooks import CONFLICT, install_hooks
 
-    install_hooks()
+    conflict = os.path.join(git.hooks_dir(), CONFLICT)
+    try:
+        install_hooks()
+    except ThetaError as exc:
+        if not os.path.lexists(conflict):  # said once; the hook skips Python from now on
+            sys.stderr.write(f"git-theta: error: {exc}\n")
+            atomic_write(conflict, f"{exc}\n".encode())
+        return 0
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(conflict)
     remotes = sorted(git.git("remote").decode().split(), key=len, reverse=True)
     pushed: dict[str, tuple[list[str], list[str]]] = {}
     for line in lines:
@@ -101,7 +113,7 @@ def after_push(lines: list[str]) -> int:
             exclude.append(fields[0])
     for remote, (include, exclude) in pushed.items():
         try:
-            count = upload(remote, include, exclude)
+            count = upload(remote, include, exclude, local_only=True)
         except ThetaError as exc:
             sys.stderr.write(
                 f"git-theta: error: the pre-push hook had been replaced, so this push sent "
@@ -109,10 +121,12 @@ def after_push(lines: list[str]) -> int:
                 f"`git theta upload {remote}` to retry\n"
             )
             continue
-        sys.stderr.write(
-            f"git-theta: the pre-push hook had been replaced (git lfs install --force?); it "
-            f"is back, and {count} tensor objects of this push were uploaded to {remote}\n"
-        )
+        if count:
+            sys.stderr.write(
+                f"git-theta: the pre-push hook had been replaced (git lfs install --force?); "
+                f"it is back, and {count} tensor objects of these commits were uploaded to "
+                f"{remote}\n"
+            )
     return 0
 
 
@@ -173,6 +187,36 @@ def _is_placeholder(path: Path) -> bool:
         return True
 
 
+def _interrupted(top: Path, repo: Repo, skip: list[str]) -> list[str]:
+    """Tracked checkpoints whose bytes are exactly what is staged but whose index stat data
+    is stale: what a checkout killed between its rename and its index update leaves. git
+    takes a changed size for changed content without looking, so `git status` would show
+    them modified for good. Each is cleaned here and compared with the index; a file the
+    user changed is left alone."""
+    import io
+    from typing import cast
+
+    from git_theta.clean import clean
+    from git_theta.protocol.filter_process import Source
+
+    out = git.git("diff-files", "--name-only", "-z", cwd=str(top)).split(b"\0")
+    found = []
+    for path in (os.fsdecode(raw) for raw in out if raw):
+        staged = git.index_blob(path, str(top))
+        manifest = repo.staged_manifest(path)
+        if path in skip or manifest is None or staged is None:
+            continue
+        result = io.BytesIO()
+        try:
+            with open_regular(top / path) as fh:
+                clean(cast(Source, fh), result, path, repo.store, manifest, show_progress=False)
+        except (ThetaError, OSError):
+            continue  # not what is staged, whatever it is: the user's to deal with
+        if result.getvalue() == staged:
+            found.append(path)
+    return found
+
+
 def checkout(paths: list[str], force: bool = False) -> int:
     """Write checkpoints into the work tree directly (not through git's filter pipe, so
     memory does not grow with the file), downloading objects as needed."""
@@ -201,8 +245,10 @@ def checkout(paths: list[str], force: bool = False) -> int:
             sys.stderr.write(f"git-theta: checked out {path}\n")
     finally:
         repo.close()
+    if not paths:
+        targets += _interrupted(top, repo, targets)
     if targets:
-        # With our filter on: git re-cleans (hashes) the files and records their stat data,
-        # so `git status` stays clean.
+        # With our filter on: git re-cleans (hashes) the files and records their stat
+        # data (naming them updates their entries), so `git status` stays clean.
         run("git", "update-index", "-q", "--refresh", "--", *targets, cwd=str(top), check=False)
     return 0
