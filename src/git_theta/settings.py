@@ -24,3 +24,14 @@ def env_flag(name: str, default: bool = False) -> bool:
     if value in _FALSE:
         return False
     raise UsageError(f"{name}={raw!r} is not a boolean: use 1/0, true/false, yes/no or on/off")
+
+
+def env_int(name: str, default: int) -> int:
+    """Return a non-negative integer environment variable (``default`` when unset or
+    empty). Raises UsageError for anything else."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or len(raw) > 18:
+        raise UsageError(f"{name}={raw!r} is not a non-negative integer")
+    return int(raw)

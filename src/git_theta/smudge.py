@@ -18,6 +18,7 @@ from git_theta.manifest import MAX_BYTES, PREFIX, Manifest, glue_size, is_manife
 from git_theta.parallel import ordered_map
 from git_theta.progress import Progress
 from git_theta.protocol.filter_process import Sink, Source
+from git_theta.settings import env_int
 from git_theta.store import ObjectRef, ObjectStore
 
 Fetch = Callable[[Iterable[ObjectRef]], None]
@@ -124,6 +125,35 @@ def read_glue(manifest: Manifest, store: ObjectStore) -> bytearray:
     return glue
 
 
+EXPANSION_ENV = "GIT_THETA_MAX_EXPANSION"
+MAX_EXPANSION = 1000  # real checkpoints rebuild from 0.3x-1x of their size in objects
+EXPANSION_FLOOR = 256 << 20  # files up to this size are never refused
+
+
+class ExpansionError(ThetaError):
+    """A manifest rebuilds a file out of all proportion to its objects."""
+
+
+def check_expansion(manifest: Manifest) -> None:
+    """Refuse a manifest whose file is more than ``GIT_THETA_MAX_EXPANSION`` (1000; 0:
+    no limit) times the bytes of the distinct objects it needs, above 256 MiB.
+
+    git holds a smudge's whole output in memory, so a few KB of objects that decompress
+    to zeros (or one object shared by many tensors) made a clone take 2 GB of memory and
+    disk: a hostile repository's bomb. Raises ExpansionError.
+    """
+    limit = env_int(EXPANSION_ENV, MAX_EXPANSION)
+    if not limit or manifest.size <= EXPANSION_FLOOR:
+        return
+    stored = sum({ref.oid: ref.size for _, ref in needed_objects(manifest)}.values())
+    if manifest.size > limit * max(stored, 1):
+        raise ExpansionError(
+            f"{manifest.size:,} bytes would be rebuilt from {stored:,} bytes of "
+            f"objects, more than {limit}x: a hostile repository can fill memory and disk "
+            f"this way; if you trust it, check out again with {EXPANSION_ENV}=0"
+        )
+
+
 def write_checkpoint(
     manifest: Manifest,
     sink: Sink,
@@ -132,7 +162,11 @@ def write_checkpoint(
     show_progress: bool | None = None,
     fetch: Fetch | None = None,
 ) -> None:
-    """Write the checkpoint ``manifest`` describes to ``sink`` (see ``smudge``)."""
+    """Write the checkpoint ``manifest`` describes to ``sink`` (see ``smudge``).
+
+    Raises ExpansionError, before fetching or writing anything, when the file would be far
+    larger than the objects it is rebuilt from (``check_expansion``)."""
+    check_expansion(manifest)
     ensure_objects(manifest, store, fetch)
     from git_theta import codec
 
