@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +18,7 @@ from st_files import f32, st_from_arrays
 
 from git_theta.commands.cli import main
 from git_theta.hooks import MARKER
+from git_theta.interpreter import python_argv
 
 SHAPES = {"emb": (64, 16), "layer.weight": (16, 16), "layer.bias": (16,)}
 TOKENIZER = b'{"vocab": {"a": 0, "b": 1}, "merges": []}\n' * 50
@@ -251,3 +253,27 @@ def test_ref_updates_never_need_a_temporary_file(
     git(tmp_path, "init", "-q", "--bare", str(remote))
     git(work, "push", "-q", f"file://{remote}", "main")
     assert git(remote, "rev-parse", "main").stdout == git(work, "rev-parse", "main").stdout
+
+
+def test_a_shared_hooks_path_without_our_upload_is_said_on_every_command(repo: Path) -> None:
+    """core.hooksPath set after set-up (husky...): git-theta does not write there, and a
+    push would leave a repository nobody can clone, so every command says so."""
+    shared = repo / ".husky"
+    shared.mkdir()
+    git(repo, "config", "core.hooksPath", ".husky")
+    (repo / "model.safetensors").write_bytes(st_from_arrays(f32(SHAPES, 4)))
+    done = git(repo, "add", "model.safetensors")
+    warning = done.stderr.decode().splitlines()
+    assert len(warning) == 1 and warning[0].startswith(
+        f"git-theta: warning: core.hooksPath is {shared}, outside this repository"
+    ), warning
+    assert warning[0].endswith("or pushes will not upload tensor objects")
+    doctor = git(repo, "theta", "doctor", check=False)
+    assert doctor.returncode == 1
+    assert b"hook pre-push: does not run git-theta's upload\n" in doctor.stdout
+    assert b"\nproblem: core.hooksPath is " in doctor.stdout
+    # With the lines added by hand, nothing more is said.
+    theta = " ".join(shlex.quote(a) for a in python_argv("-m", "git_theta"))
+    (shared / "pre-push").write_text(f'#!/bin/sh\n{theta} pre-push "$@" || exit $?\n')
+    (repo / "model.safetensors").write_bytes(st_from_arrays(f32(SHAPES, 5)))
+    assert git(repo, "add", "model.safetensors").stderr == b""

@@ -117,3 +117,23 @@ def test_lfs_versions_diff_as_checkpoints(mixed: tuple[Path, dict[str, str]]) ->
         assert b"version https://git-lfs" not in done.stdout, args
     out = git(repo, "theta", "diff", second, third).stdout.decode()
     assert "layer.bias" in out and "emb" not in out, out
+
+
+def test_a_corrupt_lfs_version_is_refused_by_theta_diff_too(
+    mixed: tuple[Path, dict[str, str]],
+) -> None:
+    repo, shas = mixed
+    first, _second, third = shas
+    pointer = git(repo, "cat-file", "blob", f"{first}:model.safetensors").stdout.decode()
+    oid = pointer.split("oid sha256:")[1].split()[0]
+    obj = repo / ".git/lfs/objects" / oid[:2] / oid[2:4] / oid
+    data = bytearray(obj.read_bytes())
+    data[-1] ^= 1  # same size, other bytes
+    obj.chmod(0o644)
+    obj.write_bytes(bytes(data))
+    done = git(repo, "theta", "diff", first, third, check=False)
+    assert done.returncode == 1
+    assert done.stderr.decode() == (
+        f"git-theta: error: {first}:model.safetensors: Git LFS object {oid} is corrupt "
+        "(its sha256 does not match)\n"
+    )

@@ -100,6 +100,13 @@ class HooksElsewhereError(ThetaError):
     """core.hooksPath points outside the repository: hooks there are not ours to change."""
 
 
+def runs_theta(hook: str) -> bool:
+    """Whether the pre-push hook at ``hook`` runs git-theta's upload (ours, or a line a
+    user added to a shared hook)."""
+    text = _read(hook) or ""
+    return MARKER in text or "git_theta pre-push" in text or "git-theta pre-push" in text
+
+
 def is_lfs_hook(text: str) -> bool:
     """True when ``text`` is a hook Git LFS wrote: it does nothing but ``git lfs pre-push``
     (any of its versions), so our hook can stand in for it."""
@@ -138,7 +145,7 @@ def install_hooks(cwd: str | None = None) -> str:
     if os.path.commonpath([os.path.realpath(hooks), common]) != common:
         raise HooksElsewhereError(
             f"core.hooksPath is {hooks}, outside this repository; git-theta does not write "
-            f'there: add `git-theta pre-push "$@"` and `{LFS_CALL} "$@"` to that pre-push '
+            f'there: add `{THETA} pre-push "$@"` and `{LFS_CALL} "$@"` to that pre-push '
             "hook, or pushes will not upload tensor objects"
         )
     hook = _install(hooks, "pre-push", SCRIPT, MARKER, CHAINED)

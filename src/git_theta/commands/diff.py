@@ -13,13 +13,13 @@ from typing import Any
 from git_theta import git
 from git_theta.diffing import FileDiff, TensorDiff, TensorSide, compare, from_file, from_manifest
 from git_theta.display import escape
-from git_theta.errors import ObjectMissingError, UsageError
+from git_theta.errors import ObjectCorruptError, ObjectMissingError, UsageError
 from git_theta.files import open_regular
 from git_theta.history import manifests_at, manifests_in_index
 from git_theta.manifest import PREFIX, Manifest, is_manifest, parse
 from git_theta.proc import run
 from git_theta.repo import Repo
-from git_theta.store import ObjectStore
+from git_theta.store import ObjectRef, ObjectStore
 
 NULL_HEX = {"", ".", "0" * 40, "0" * 64}
 _COLOURS = {"added": "\033[32m", "removed": "\033[31m", "modified": "\033[33m"}
@@ -176,7 +176,25 @@ def lfs_side(spec: str, repo: Repo) -> dict[str, TensorSide] | None:
         raise ObjectMissingError(
             f"{spec}: Git LFS object {ref.oid} is not local and could not be downloaded"
         )
+    _verify_plain(where, ref, spec)
     return from_file(where)
+
+
+def _verify_plain(path: str, ref: ObjectRef, spec: str) -> None:
+    """Raise ObjectCorruptError unless the file at ``path`` is the object ``ref``: diffs
+    describe its tensors, and a checkout would refuse it."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    size = 0
+    with open_regular(path) as fh:
+        while size <= ref.size and (chunk := fh.read(8 << 20)):
+            digest.update(chunk)
+            size += len(chunk)
+    if size != ref.size or digest.hexdigest() != ref.oid:
+        raise ObjectCorruptError(
+            f"{spec}: Git LFS object {ref.oid} is corrupt (its sha256 does not match)"
+        )
 
 
 def _under(path: str, spec: str) -> bool:

@@ -12,7 +12,16 @@ import os
 import sys
 
 from git_theta import __version__, git
-from git_theta.hooks import CHAINED, MARKER, WATCH_CHAINED, WATCH_MARKER, is_lfs_hook
+from git_theta.hooks import (
+    CHAINED,
+    MARKER,
+    WATCH_CHAINED,
+    WATCH_MARKER,
+    HooksElsewhereError,
+    install_hooks,
+    is_lfs_hook,
+    runs_theta,
+)
 from git_theta.proc import run
 from git_theta.setup_check import FILTER_KEYS, INSTALL, program_problem, theta_config
 
@@ -121,9 +130,20 @@ def doctor() -> int:
     if git.inside_work_tree():
         hooks = git.hooks_dir()
         out.append(f"hooks directory: {hooks}")
-        lines, found = _hook_lines(hooks)
-        out += lines
-        problems += found
+        common = os.path.realpath(git.common_dir())
+        if os.path.commonpath([os.path.realpath(hooks), common]) != common:
+            # core.hooksPath elsewhere (shared, husky...): git-theta does not write there.
+            ok = runs_theta(os.path.join(hooks, "pre-push"))
+            out.append(f"hook pre-push: {'runs' if ok else 'does not run'} git-theta's upload")
+            if not ok:
+                try:
+                    install_hooks()
+                except HooksElsewhereError as exc:
+                    problems.append(str(exc))
+        else:
+            lines, found = _hook_lines(hooks)
+            out += lines
+            problems += found
         out += _store_lines(git.lfs_storage_dir())
     else:
         out.append("not inside a git work tree: repository checks skipped")

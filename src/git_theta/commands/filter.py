@@ -9,8 +9,9 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
+from git_theta import git
 from git_theta.commands.errors import report
-from git_theta.hooks import HooksElsewhereError, install_hooks
+from git_theta.hooks import HooksElsewhereError, install_hooks, runs_theta
 from git_theta.protocol.filter_process import Handler, Sink, Source, serve
 from git_theta.repo import Repo
 from git_theta.settings import env_flag
@@ -56,8 +57,12 @@ def filter_process() -> int:
     def prepare() -> None:
         try:
             install_hooks()  # a fresh clone gets its pre-push hook on its first checkout
-        except HooksElsewhereError:
-            pass  # said by `git theta install`/`track`; not on every git command
+        except HooksElsewhereError as exc:
+            # Not ours to write (a shared or tracked hooks directory, husky...): said on
+            # every command while its pre-push hook does not upload tensor objects, since
+            # then every push leaves a repository that cannot be cloned.
+            if not runs_theta(os.path.join(git.hooks_dir(), "pre-push")):
+                sys.stderr.write(f"git-theta: warning: {exc}\n")
         except Exception as exc:  # a read-only hooks dir must not stop a checkout
             report(exc)
         finally:
