@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -199,3 +202,148 @@ def test_outside_a_repository_is_one_error_line(
     assert (
         err == "git-theta: error: not inside a git work tree: run git theta fsck in a repository\n"
     )
+
+
+# A path Git LFS tracked before git-theta took it over: its older commits hold Git LFS
+# pointers, which check out through git-theta's filter and need their objects too.
+
+
+@pytest.fixture
+def lfs_then_theta(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, str]:
+    """A Git LFS version of model.safetensors, then a git-theta one; returns the
+    repository and the pointer's blob id."""
+    repo = tmp_path / "hf"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    git(repo, "lfs", "install")
+    git(repo, "lfs", "track", "model.safetensors")
+    write(repo, 1)
+    commit(repo, "lfs")
+    assert main(["install"]) == 0
+    monkeypatch.chdir(repo)
+    assert main(["track", "model.safetensors"]) == 0
+    write(repo, 2)
+    commit(repo, "theta")
+    pointer = git(repo, "rev-parse", "HEAD~1:model.safetensors").stdout.decode().strip()
+    return repo, pointer
+
+
+def lfs_oid(repo: Path, blob: str) -> str:
+    return git(repo, "cat-file", "blob", blob).stdout.split(b"oid sha256:")[1][:64].decode()
+
+
+def test_a_git_lfs_version_whose_object_is_gone_is_one_line(
+    lfs_then_theta: tuple[Path, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    repo, pointer = lfs_then_theta
+    oid = lfs_oid(repo, pointer)
+    assert fsck(capsys)[0] == 0
+    shutil.rmtree(repo / ".git/lfs/objects")  # git-theta's own objects are elsewhere
+    code, lines = fsck(capsys)
+    assert code == 1
+    assert lines[:-1] == [
+        f"model.safetensors (blob {pointer[:12]}): Git LFS pointer: object {oid} missing locally"
+    ]
+    assert lines[-1].endswith(": 1 problem")
+    assert fsck(capsys, "HEAD~1")[1][:-1] == [
+        f"HEAD~1:model.safetensors: Git LFS pointer: object {oid} missing locally"
+    ]
+
+
+def test_a_corrupt_or_short_git_lfs_object_is_one_line(
+    lfs_then_theta: tuple[Path, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    repo, pointer = lfs_then_theta
+    oid = lfs_oid(repo, pointer)
+    path = Path(ObjectStore(repo / ".git/lfs").lfs_path(oid))
+    good = path.read_bytes()
+    path.chmod(0o644)
+    for bad in (good[:-1] + bytes([good[-1] ^ 1]), good[:-1], good + b"\0"):
+        path.write_bytes(bad)
+        code, lines = fsck(capsys)
+        assert code == 1
+        assert lines[:-1] == [
+            f"model.safetensors (blob {pointer[:12]}): Git LFS pointer: object {oid} is "
+            "corrupt (its sha256 does not match)"
+        ]
+    # Where a download from a file:// remote is copied, git-theta's directory, is a
+    # copy checkout reads too.
+    path.unlink()
+    ours = Path(ObjectStore(repo / ".git/lfs").path(oid))
+    ours.parent.mkdir(parents=True, exist_ok=True)
+    ours.write_bytes(good)
+    assert fsck(capsys)[0] == 0
+
+
+def test_a_pointer_at_a_path_git_theta_tracks_now_is_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    repo = tmp_path / "hf"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    git(repo, "lfs", "install")
+    git(repo, "lfs", "track", "*.safetensors", "*.bin")
+    write(repo, 1)
+    (repo / "data.bin").write_bytes(b"Git LFS's alone\n")
+    commit(repo, "lfs")
+    assert main(["install"]) == 0
+    monkeypatch.chdir(repo)
+    assert main(["track", "*.safetensors"]) == 0  # no git-theta version committed yet
+    git(repo, "commit", "-q", "-m", "track", "--", ".gitattributes")
+    oid = lfs_oid(repo, "HEAD:model.safetensors")
+    shutil.rmtree(repo / ".git/lfs/objects")
+    capsys.readouterr()
+    code, lines = fsck(capsys)
+    assert code == 1  # data.bin is not git-theta's: `git lfs fsck` is for that
+    assert lines == [
+        f"HEAD:model.safetensors: Git LFS pointer: object {oid} missing locally",
+        "git theta fsck: 0 manifests, 0 tensors, 1 objects checked: 1 problem",
+    ]
+
+
+def test_a_remote_lacking_a_git_lfs_version_is_named(
+    lfs_then_theta: tuple[Path, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    repo, pointer = lfs_then_theta
+    oid = lfs_oid(repo, pointer)
+    remote = tmp_path / "origin.git"
+    git(tmp_path, "init", "-q", "--bare", str(remote))
+    git(repo, "remote", "add", "origin", f"file://{remote}")
+    git(repo, "push", "-q", "origin", "main")
+    assert fsck(capsys, "--remote", "origin")[0] == 0
+    (remote / "lfs" / "objects" / oid[:2] / oid[2:4] / oid).unlink()
+    code, lines = fsck(capsys, "--remote", "origin")
+    assert code == 1
+    assert lines[:-1] == [
+        f"model.safetensors (blob {pointer[:12]}): Git LFS pointer: object {oid} is not on "
+        "remote 'origin'"
+    ]
+
+
+def test_a_git_lfs_object_is_hashed_in_bounded_memory(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    size, chunk = 96 << 20, bytes(range(256)) * 4096  # 1 MiB pieces, never the whole
+    digest = hashlib.sha256()
+    for _ in range(size // len(chunk)):
+        digest.update(chunk)
+    oid = digest.hexdigest()
+    path = Path(ObjectStore(repo / ".git/lfs").lfs_path(oid))
+    path.parent.mkdir(parents=True)
+    with path.open("wb") as fh:
+        for _ in range(size // len(chunk)):
+            fh.write(chunk)
+    pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{oid}\nsize {size}\n"
+    blob = git(repo, "hash-object", "-w", "--stdin", stdin=pointer.encode()).stdout.decode()
+    git(repo, "update-index", "--add", "--cacheinfo", f"100644,{blob.strip()},big.safetensors")
+    tracemalloc.start()
+    try:
+        code, lines = fsck(capsys)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert (code, lines) == (
+        0,
+        ["git theta fsck: 0 manifests, 0 tensors, 1 objects checked: no problems"],
+    )
+    assert peak < 32 << 20, peak
