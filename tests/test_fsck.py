@@ -101,10 +101,11 @@ def test_a_corrupted_object_is_one_line(
     path.write_bytes(bytes(data))
     code, lines = fsck(capsys)
     assert code == 1
-    # v1's emb is v2's too: one object, one line, under the first version naming it.
+    # v1's emb is v2's too: one object, one line, under the first version naming it;
+    # moved aside (as `git lfs fsck` does), so that a fetch downloads it again.
     assert lines[:-1] == [
         f"HEAD:model.safetensors: tensor 'emb': object {path.name} is corrupt "
-        "(its sha256 does not match)"
+        "(its sha256 does not match); moved aside: run `git theta fetch` or check out again"
     ]
 
 

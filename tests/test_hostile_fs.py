@@ -675,8 +675,10 @@ ALLOWED = {
     ("forkserver.py", "_name", "open-write"): "/proc/self/comm, the kernel's, not a file",
     ("filter_client.py", "_may_start", "os.open-write"):
         "the O_CREAT|O_EXCL start claim, an empty file in our 0700 socket directory",
-    ("store.py", "ObjectStore._adopt", "os.link"): _STORE_LINK,
-    ("store.py", "ObjectStore.expose", "os.link"): _STORE_LINK,
+    ("store.py", "_link", "os.link"): _STORE_LINK,
+    ("store.py", "_move", "os.replace"):
+        "renames an object file inside the LFS directory (aside when corrupt, to and from "
+        "prune's holding directory): a name moved, no bytes written through it",
     ("hooks.py", "_install", "os.replace"): _HOOK_MOVE,
     ("hooks.py", "remove_hooks", "os.replace"): _HOOK_MOVE,
 }  # fmt: skip

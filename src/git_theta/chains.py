@@ -204,10 +204,14 @@ def stream(
                 content.update(piece)  # before the yield: the consumer recycles the piece
                 yield piece
     except ThetaError as exc:
+        if isinstance(exc, ObjectCorruptError):  # a damaged copy is moved aside
+            store.corrupt(ref, exc)
         _in_tensor(exc, name, link)
         raise
     if oid_hash.hexdigest() != ref.oid:
-        raise ObjectCorruptError(f"tensor {quote(name)}: object {ref.oid} is corrupt")
+        raise store.corrupt(
+            ref, ObjectCorruptError(f"tensor {quote(name)}: object {ref.oid} is corrupt")
+        )
     if exact and total != cap:
         raise ObjectCorruptError(
             f"tensor {quote(name)}: object {ref.oid} gives {total:,} bytes; the manifest "

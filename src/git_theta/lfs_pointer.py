@@ -45,8 +45,9 @@ def write_object(
     ref: ObjectRef, store: ObjectStore, write: Callable[[bytes], object], fetch: Fetch | None
 ) -> None:
     """Write the bytes of the LFS object ``ref`` with ``write``, fetching it first when it
-    is not local. The sha256 is checked as the bytes pass and raises ObjectCorruptError at
-    the end (git discards a smudge that ends in error).
+    is not local (a download lands in git-lfs's directory, where ``git lfs prune`` frees
+    it). The sha256 is checked as the bytes pass and raises ObjectCorruptError at the end
+    (git discards a smudge that ends in error).
 
     Raises ObjectMissingError when the object is neither local nor downloadable.
     """

@@ -113,7 +113,8 @@ class Downloader:
         self._local: Path | bool | None = False  # False: not looked up yet
 
     def _copy_local(self, wanted: dict[str, ObjectRef]) -> None:
-        """Copy what a ``file://`` remote holds of ``wanted`` (removing those entries)."""
+        """Copy what a ``file://`` remote holds of ``wanted`` (removing those entries);
+        ``copy_in`` puts a plain Git LFS object in git-lfs's directory, not ours."""
         if self._local is False:
             self._local = local_remote_objects(self.cwd)
         source = self._local
@@ -172,7 +173,8 @@ class Downloader:
     def fetch(self, refs: Iterable[ObjectRef]) -> None:
         """Download whichever of ``refs`` are missing locally. Objects the remote lacks
         stay missing: callers check the store afterwards and say what is wrong."""
-        wanted = {ref.oid: ref for ref in refs if not self.store.has(ref)}
+        # present(), not has(): a plain Git LFS object is never taken into our directory.
+        wanted = {ref.oid: ref for ref in refs if not self.store.present(ref)}
         if wanted:
             self._copy_local(wanted)
         if not wanted:
