@@ -122,6 +122,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("prune", help="delete local tensor objects no commit, index or reflog needs")
     p.add_argument("--dry-run", action="store_true", help="only say what would be deleted")
+    p.add_argument("--force", action="store_true", help="prune even a shared lfs.storage")
 
     p = sub.add_parser("pre-push", help="upload tensor objects (run by the pre-push hook)")
     p.add_argument("remote")
@@ -237,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "prune":
             from git_theta.commands.prune import prune
 
-            return prune(args.dry_run)
+            return prune(args.dry_run, args.force)
         if args.command == "pre-push":
             from git_theta.commands.remote import pre_push
 
