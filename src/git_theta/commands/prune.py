@@ -17,6 +17,7 @@ it anew.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -134,18 +135,27 @@ def _delete(
     lock = _index_being_written(common)
     if lock is not None:
         for where, _, _ in held:
-            store.release(where)
+            _release(store, where)
         raise _refuse_while_indexing(lock)
     again = _needed(["--indexed-objects"], top)
     now = time.time()
     deleted = []
     for where, ours, size in held:
-        if os.path.basename(where) in again or now - os.lstat(where).st_mtime < GRACE:
-            store.release(where)  # staged meanwhile, or written again (put touches it)
-        else:
-            os.unlink(where)
-            deleted.append((where, ours, size))
+        try:
+            if os.path.basename(where) in again or now - os.lstat(where).st_mtime < GRACE:
+                store.release(where)  # staged meanwhile, or written again (put touches it)
+            else:
+                os.unlink(where)
+                deleted.append((where, ours, size))
+        except FileNotFoundError:
+            continue  # a prune starting meanwhile put it back: kept
     return deleted
+
+
+def _release(store: ObjectStore, held: str) -> None:
+    """Put a held file back (one another prune put back already is fine)."""
+    with contextlib.suppress(FileNotFoundError):
+        store.release(held)
 
 
 def prune(dry_run: bool, force: bool = False) -> int:
@@ -168,7 +178,7 @@ def prune(dry_run: bool, force: bool = False) -> int:
         if (lock := _index_being_written(common)) is not None:
             raise _refuse_while_indexing(lock)
         for held in store.held():  # a killed prune's: looked at again below
-            store.release(held)
+            _release(store, held)
     store.settle()
     # --indexed-objects covers the index of every worktree, not just this one.
     everything = ["--all", "--reflog", "--indexed-objects"]
