@@ -233,11 +233,6 @@ def test_read_only_store_add_fails_in_one_line_and_stages_nothing(repo: Path) ->
     assert checks_out(repo, commit(repo, 2), sha)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="clean always writes the glue object (a temporary, then unlinked when present), "
-    "so a stat-dirty file cannot be re-cleaned against a read-only store",
-)
 @pytest.mark.skipif(os.geteuid() == 0 and not MOUNTABLE, reason="root cannot freeze a directory")
 def test_read_only_store_still_serves_status_and_checkout(repo: Path) -> None:
     first = write(repo, 1)

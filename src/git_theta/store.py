@@ -41,6 +41,7 @@ from git_theta.files import TempFile, UnsafeFileError, atomic_write, open_regula
 ObjectBytes = bytes | mmap.mmap
 
 _COPY_CHUNK = 8 << 20
+_PRECHECK = 1 << 20  # parts up to this size are hashed before any temporary is made
 TMP_PREFIX = "theta-"
 OWN_DIR = "theta"  # under the LFS directory: ours, never scanned by git-lfs
 # The first bytes of every object git-theta writes: codec objects (dense values, deltas,
@@ -329,9 +330,21 @@ class ObjectStore:
     def put(self, parts: Iterable[bytes]) -> ObjectRef:
         """Store the concatenation of ``parts`` (unless present) and return its reference.
 
-        Parts are written as they come, so the object is never joined in memory.
+        Parts are written as they come, so the object is never joined in memory. Small
+        parts already in memory (a file's glue, which every clean stores) are hashed
+        first and not written when the object is here: re-cleaning an unchanged file, as
+        `git status` does, must work on a read-only store.
         """
         self.settle()
+        if isinstance(parts, list | tuple) and sum(map(len, parts)) <= _PRECHECK:
+            digest = hashlib.sha256()
+            for part in parts:
+                digest.update(part)
+            ref = ObjectRef(digest.hexdigest(), sum(map(len, parts)))
+            if self._locate(ref) is not None:
+                with contextlib.suppress(OSError):  # in use again: out of prune's grace window
+                    os.utime(self.path(ref.oid))
+                return ref
         digest = hashlib.sha256()
         size = 0
         with self._temp_file() as tmp:
