@@ -28,8 +28,10 @@ def test_checkout_killed_before_its_index_refresh_is_finished_by_the_next(
         capture_output=True,
     )
     assert done.returncode == 0, done.stderr.decode()
-    # What a checkout killed after its rename and before `git update-index` leaves: the
-    # right bytes in place, the index still holding the placeholder's stat data.
+    # What a checkout killed after its rename and before `git update-index` leaves: its
+    # objects fetched, the right bytes in place, the index still holding the placeholder's
+    # stat data.
+    assert subprocess.run(["git", "theta", "fetch"], cwd=lazy, capture_output=True).returncode == 0
     (lazy / "model.safetensors").write_bytes(weights)
     assert git(lazy, "status", "--porcelain").stdout != b""
     done = subprocess.run(["git", "theta", "checkout"], cwd=lazy, capture_output=True)

@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import Callable, Iterable
 
 from git_theta import chains, lfs_pointer
-from git_theta.content import content_hash
+from git_theta.content import content_hash, content_hash_of
 from git_theta.display import quote
 from git_theta.errors import ObjectCorruptError, ObjectMissingError, ThetaError
 from git_theta.manifest import MAX_BYTES, PREFIX, Manifest, glue_size, is_manifest, parse
@@ -213,3 +213,36 @@ def write_checkpoint(
                 progress.advance(len(value))
                 codec.recycle(value)
     progress.close()
+
+
+def file_matches(path: str, manifest: Manifest, store: ObjectStore) -> bool:
+    """Whether the file at ``path`` holds exactly the checkpoint ``manifest`` describes:
+    its size, its glue bytes and each tensor's hash, read once and stored nowhere. False
+    too when that cannot be told here (the glue object is not local, a tensor's size is
+    only known to its objects)."""
+    import os
+
+    from git_theta.files import open_regular
+    from git_theta.manifest import tensor_nbytes
+
+    sizes = {n: tensor_nbytes(e.dtype, e.shape) for n, e in manifest.tensors.items()}
+    if any(size is None for size in sizes.values()):
+        return False
+    try:
+        glue = memoryview(read_glue(manifest, store))
+    except ThetaError:
+        return False
+    with open_regular(path) as fh:
+        if os.fstat(fh.fileno()).st_size != manifest.size:
+            return False
+        glue_pos = 0
+        for item in manifest.layout:
+            if isinstance(item, int):
+                if fh.read(item) != glue[glue_pos : glue_pos + item]:
+                    return False
+                glue_pos += item
+                continue
+            digest = content_hash_of(fh.read, sizes[item] or 0)
+            if digest != manifest.tensors[item].hash:
+                return False
+    return True

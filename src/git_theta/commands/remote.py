@@ -191,29 +191,21 @@ def _interrupted(top: Path, repo: Repo, skip: list[str]) -> list[str]:
     """Tracked checkpoints whose bytes are exactly what is staged but whose index stat data
     is stale: what a checkout killed between its rename and its index update leaves. git
     takes a changed size for changed content without looking, so `git status` would show
-    them modified for good. Each is cleaned here and compared with the index; a file the
-    user changed is left alone."""
-    import io
-    from typing import cast
-
-    from git_theta.clean import clean
-    from git_theta.protocol.filter_process import Source
+    them modified for good. Each is compared with its staged manifest (read once, hashed,
+    stored nowhere); a file the user changed is left alone."""
+    from git_theta.smudge import file_matches
 
     out = git.git("diff-files", "--name-only", "-z", cwd=str(top)).split(b"\0")
     found = []
     for path in (os.fsdecode(raw) for raw in out if raw):
-        staged = git.index_blob(path, str(top))
         manifest = repo.staged_manifest(path)
-        if path in skip or manifest is None or staged is None:
+        if path in skip or manifest is None:
             continue
-        result = io.BytesIO()
         try:
-            with open_regular(top / path) as fh:
-                clean(cast(Source, fh), result, path, repo.store, manifest, show_progress=False)
-        except (ThetaError, OSError):
-            continue  # not what is staged, whatever it is: the user's to deal with
-        if result.getvalue() == staged:
-            found.append(path)
+            if file_matches(str(top / path), manifest, repo.store):
+                found.append(path)
+        except OSError:
+            continue  # gone, or not a regular file: not ours to touch
     return found
 
 
