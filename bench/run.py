@@ -2,7 +2,8 @@
 
 For each checkpoint, two fresh repositories (one per tool) measure: `git add` of a new
 file, `git add` after one tensor changed, `git checkout` of the file, the bytes stored in
-.git/lfs/objects, and the peak RSS of the processes git starts. Prints markdown tables.
+.git/lfs (Git LFS's objects and git-theta's), and the peak RSS of the processes git
+starts. Prints markdown tables.
 
 Usage: python bench/run.py [--quick] [--large] [--out docs/benchmarks-latest.md]
 """
@@ -185,7 +186,7 @@ def hermetic_env(work: Path) -> dict[str, str]:
         GIT_COMMITTER_NAME="bench",
         GIT_COMMITTER_EMAIL="bench@example.invalid",
         GIT_THETA_QUIET="1",
-        # A warm filter server of the bench's own (the first git-theta command starts it).
+        # Where a warm filter server would live, were it turned on (install --server).
         GIT_THETA_SERVER_DIR=str(servers),
         PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
     )
@@ -405,13 +406,24 @@ def series(
     return Series(statistics.median(times), peaks)
 
 
+# Git LFS's objects and git-theta's (which lives beside it, out of git lfs prune's reach).
+OBJECT_DIRS = (Path(".git/lfs/objects"), Path(".git/lfs/theta/objects"))
+
+
 def object_files(repo: Path) -> set[Path]:
-    root = repo / ".git" / "lfs" / "objects"
-    return {p for p in root.rglob("*") if p.is_file()} if root.exists() else set()
+    return {
+        p
+        for root in (repo / d for d in OBJECT_DIRS)
+        if root.exists()
+        for p in root.rglob("*")
+        if p.is_file()
+    }
 
 
 def stored_bytes(repo: Path) -> int:
-    return sum(p.stat().st_size for p in object_files(repo))
+    """Bytes of objects, each object once (a git-theta object may be linked in both)."""
+    sizes = {p.name: p.stat().st_size for p in object_files(repo)}
+    return sum(sizes.values())
 
 
 def measure(tool: str, ck: Checkpoint, repo: Path, env: Env) -> Stats:
@@ -432,7 +444,8 @@ def measure(tool: str, ck: Checkpoint, repo: Path, env: Env) -> Stats:
 
     def unstage() -> None:  # forget any earlier add, so the next one stores everything again
         run(["git", "rm", "--cached", "-q", "--ignore-unmatch", FILE], repo, env)
-        shutil.rmtree(repo / ".git" / "lfs" / "objects", ignore_errors=True)
+        for d in OBJECT_DIRS:
+            shutil.rmtree(repo / d, ignore_errors=True)
 
     st.add_v1 = series(["git", "add", FILE], repo, env, ck.runs, unstage)
     run(["git", "commit", "-q", "-m", "v1"], repo, env)
@@ -541,7 +554,7 @@ def report(results: list[tuple[Checkpoint, Stats, Stats, int | None]]) -> str:
         rows.append(row)
     head = "checkpoint|raw|add theta|add LFS|ratio|add 1 changed tensor theta|LFS|ratio"
     lines += table(f"{head}|checkout theta|LFS|ratio", rows)
-    lines += ["## Stored in .git/lfs/objects (fraction of raw size)", ""]
+    lines += ["## Stored objects in .git/lfs (fraction of raw size)", ""]
     rows = [
         [ck.label, f"{ck.raw / MB:.1f} MB", _size(th.stored_v1, ck.raw),
          _size(lf.stored_v1, ck.raw), "n/a" if z is None else _size(z, ck.raw),

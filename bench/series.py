@@ -11,7 +11,7 @@ all-MiniLM-L6-v2 weights, in FP32 and in BF16:
 
 Each version is committed with plain ``git add`` (update type ``auto``; v2 first with
 ``git theta add --update-type low-rank --update-path`` the LoRA factors) and with Git LFS;
-the table gives the bytes each adds to .git/lfs/objects and the median checkout time.
+the table gives the bytes each adds to .git/lfs (both tools' objects) and the median checkout time.
 
 Usage: python bench/series.py [--out FILE] [--runs N] [--only FP32|BF16] [--keep]
 """
