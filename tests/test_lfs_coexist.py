@@ -277,3 +277,31 @@ def test_a_shared_hooks_path_without_our_upload_is_said_on_every_command(repo: P
     (shared / "pre-push").write_text(f'#!/bin/sh\n{theta} pre-push "$@" || exit $?\n')
     (repo / "model.safetensors").write_bytes(st_from_arrays(f32(SHAPES, 5)))
     assert git(repo, "add", "model.safetensors").stderr == b""
+
+
+def test_a_chained_hook_that_pushes_elsewhere_sends_git_lfs_objects_there_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    git(work, "init", "-q")
+    backup = tmp_path / "backup.git"
+    git(tmp_path, "init", "-q", "--bare", str(backup))
+    hook = work / ".git/hooks/pre-push"
+    hook.parent.mkdir(parents=True, exist_ok=True)
+    # A user's hook that mirrors every push to a backup (file:// remotes need no server).
+    hook.write_text(
+        f'#!/bin/sh\ncase "$1" in *backup*) exit 0 ;; esac\ngit push -q file://{backup} HEAD:main\n'
+    )
+    hook.chmod(0o755)
+    later_lfs_track(work, monkeypatch)
+    origin = tmp_path / "origin.git"
+    git(tmp_path, "init", "-q", "--bare", str(origin))
+    git(work, "remote", "add", "origin", f"file://{origin}")
+    (work / "tokenizer.json").write_bytes(TOKENIZER)
+    git(work, "add", "-A")
+    git(work, "commit", "-q", "-m", "tokenizer")
+    git(work, "push", "-q", "origin", "main")
+    oid = hashlib.sha256(TOKENIZER).hexdigest()
+    for remote in (origin, backup):
+        assert (remote / "lfs/objects" / oid[:2] / oid[2:4] / oid).is_file(), remote

@@ -244,3 +244,20 @@ def test_objects_a_killed_prune_held_go_back(repo: Path) -> None:
     assert named.read_bytes() == b"a file git-lfs tracks\n"
     assert not held.exists() and not litter.exists()
     assert not lfs_objects(repo) & dropped
+
+
+def test_prune_refuses_a_git_lfs_directory_outside_the_repository(
+    repo: Path, tmp_path: Path
+) -> None:
+    """A symlinked .git/lfs may be shared by other repositories, whose objects prune
+    cannot see."""
+    shared = tmp_path / "shared-lfs"
+    (repo / ".git/lfs").rename(shared) if (repo / ".git/lfs").exists() else shared.mkdir()
+    (repo / ".git/lfs").symlink_to(shared)
+    done = subprocess.run(["git", "theta", "prune"], cwd=repo, capture_output=True)
+    assert done.returncode == 1
+    assert done.stderr.decode() == (
+        f"git-theta: error: the Git LFS directory is {shared}, outside this repository (a "
+        "symbolic link?): other repositories may keep their objects there, and prune sees "
+        "only this one's; run `git theta prune --force` if none does\n"
+    )

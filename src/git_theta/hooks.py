@@ -3,8 +3,8 @@
 A hook that is not ours is kept as ``pre-push.theta-chained`` and run after ours with the
 same arguments and input; we never delete or overwrite another tool's hook.
 
-Our hook also does Git LFS's work (``git lfs pre-push``), then runs the chained hook with
-``GIT_LFS_SKIP_PUSH=1`` so that a chained Git LFS hook does not do it twice: once our hook
+Our hook also does Git LFS's work (``git lfs pre-push``), then runs the chained hook unless
+it is Git LFS's own (which would do that work twice): once our hook
 is in place ``git lfs install`` refuses to add its own ("Hook already exists"), and a
 repository whose plain LFS files never reach the remote is broken for everyone who
 clones it. ``git lfs install --force`` replaces our hook with Git LFS's; the
@@ -47,7 +47,7 @@ _FEED = 'feed() { if [ -n "$input" ]; then printf \'%s\\n\' "$input"; fi; }'
 SCRIPT = f"""#!/bin/sh
 {MARKER}: uploads tensor objects, then Git LFS objects, before git updates the
 # remote's refs. A hook that was here before is kept as {CHAINED} and runs
-# after them, with Git LFS's upload done already (GIT_LFS_SKIP_PUSH=1).
+# after them (not when it is Git LFS's own: this hook did its work).
 [ -x {_sh_quote(PYTHON)} ] || {{
   echo {_sh_quote(GONE + "; push refused")} >&2
   exit 1
@@ -60,7 +60,12 @@ if command -v git-lfs >/dev/null 2>&1; then
 fi
 chained="$(dirname "$0")/{CHAINED}"
 if [ -x "$chained" ]; then
-  feed | GIT_LFS_SKIP_PUSH=1 "$chained" "$@" || exit $?
+  # Git LFS's own hook (nothing but `{LFS_CALL}`) did its work above already; any other
+  # runs as it would alone (its own pushes must upload Git LFS objects too).
+  body=$(grep -v -e '^[[:space:]]*#' -e '^[[:space:]]*$' -e '^command -v git-lfs' "$chained")
+  if [ "$body" != '{LFS_CALL} "$@"' ]; then
+    feed | "$chained" "$@" || exit $?
+  fi
 fi
 exit 0
 """

@@ -8,12 +8,13 @@ content hash are verified as it is read.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterable
 
 from git_theta import chains, lfs_pointer
 from git_theta.content import content_hash, content_hash_of
 from git_theta.display import quote
-from git_theta.errors import ObjectCorruptError, ObjectMissingError, ThetaError
+from git_theta.errors import ObjectCorruptError, ObjectMissingError, ThetaError, UsageError
 from git_theta.manifest import MAX_BYTES, PREFIX, Manifest, glue_size, is_manifest, parse
 from git_theta.parallel import ordered_map
 from git_theta.progress import Progress
@@ -126,32 +127,60 @@ def read_glue(manifest: Manifest, store: ObjectStore) -> bytearray:
 
 
 EXPANSION_ENV = "GIT_THETA_MAX_EXPANSION"
-MAX_EXPANSION = 1000  # real checkpoints rebuild from 0.3x-1x of their size in objects
-EXPANSION_FLOOR = 256 << 20  # files up to this size are never refused
+EXPANSION_CONFIG = "theta.maxExpansion"  # the user's git config (never a committed file)
+MAX_EXPANSION = 100  # real checkpoints rebuild from 0.3x-1x of their size in objects
+EXPANSION_FLOOR = 256 << 20  # this much output per process is never refused
 
 
 class ExpansionError(ThetaError):
-    """A manifest rebuilds a file out of all proportion to its objects."""
+    """Manifests rebuild files out of all proportion to their objects."""
+
+
+class _Output:
+    """What this process has rebuilt so far (a filter serves every file of one git
+    command): bytes written, and the distinct objects they came from."""
+
+    written = 0
+    objects: dict[str, int] = {}  # noqa: RUF012 - one per process, on purpose
+
+
+def _configured_limit() -> int:
+    """``git config theta.maxExpansion``, else 100 (asked only when that would refuse)."""
+    from git_theta import git
+
+    raw = (git.config_get(EXPANSION_CONFIG) or "").strip()
+    if not raw:
+        return MAX_EXPANSION
+    if not raw.isdigit() or len(raw) > 18:
+        raise UsageError(f"git config {EXPANSION_CONFIG}={raw!r} is not a non-negative integer")
+    return int(raw)
 
 
 def check_expansion(manifest: Manifest) -> None:
-    """Refuse a manifest whose file is more than ``GIT_THETA_MAX_EXPANSION`` (1000; 0:
-    no limit) times the bytes of the distinct objects it needs, above 256 MiB.
+    """Refuse a manifest when the files this process rebuilt, with this one, would be more
+    than 100 times (``GIT_THETA_MAX_EXPANSION`` or ``theta.maxExpansion``; 0: no limit) the
+    bytes of the distinct objects they need, past 256 MiB in all.
 
     git holds a smudge's whole output in memory, so a few KB of objects that decompress
-    to zeros (or one object shared by many tensors) made a clone take 2 GB of memory and
-    disk: a hostile repository's bomb. Raises ExpansionError.
+    to zeros, shared by many tensors or many files, made a clone take gigabytes of memory
+    and disk: a hostile repository's bomb. Raises ExpansionError, else counts the file.
     """
+    objects = {**_Output.objects, **{ref.oid: ref.size for _, ref in needed_objects(manifest)}}
+    written = _Output.written + manifest.size
+    stored = max(sum(objects.values()), 1)
+    from_env = bool(os.environ.get(EXPANSION_ENV, "").strip())
     limit = env_int(EXPANSION_ENV, MAX_EXPANSION)
-    if not limit or manifest.size <= EXPANSION_FLOOR:
-        return
-    stored = sum({ref.oid: ref.size for _, ref in needed_objects(manifest)}.values())
-    if manifest.size > limit * max(stored, 1):
-        raise ExpansionError(
-            f"{manifest.size:,} bytes would be rebuilt from {stored:,} bytes of "
-            f"objects, more than {limit}x: a hostile repository can fill memory and disk "
-            f"this way; if you trust it, check out again with {EXPANSION_ENV}=0"
-        )
+    if limit and written > EXPANSION_FLOOR and written > limit * stored:
+        if not from_env:
+            limit = _configured_limit()  # a git call: only where the default would refuse
+        if limit and written > limit * stored:
+            raise ExpansionError(
+                f"{written:,} bytes would be rebuilt from {stored:,} bytes of objects, more "
+                f"than {limit}x: a hostile repository can fill memory and disk this way; if "
+                f"you trust it, run `git config {EXPANSION_CONFIG} 0` (or set "
+                f"{EXPANSION_ENV}=0) and check out again"
+            )
+    _Output.written, _Output.objects = written, objects
 
 
 def write_checkpoint(

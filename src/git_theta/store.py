@@ -60,6 +60,7 @@ _NO_LINK = frozenset({errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EOPNOTSUPP, 
 _HEX = frozenset("0123456789abcdef")
 _swept: set[str] = set()  # tmp directories this process has swept
 _settled: set[str] = set()  # stores this process has checked the stamp of
+_hashed_good: set[tuple[str, str]] = set()  # (oid, path) whose bytes hashed to their oid
 
 
 def remove_stale_temporaries(directory: str, dry_run: bool = False) -> tuple[int, int]:
@@ -479,13 +480,18 @@ class ObjectStore:
 
     def _set_aside_if_corrupt(self, oid: str, path: str) -> bool:
         """Move the file ``path`` aside when its bytes do not hash to ``oid``; return
-        whether it did (False too when it is absent or cannot be moved)."""
+        whether it did (False too when it is absent or cannot be moved). A file found good
+        is not hashed again in this process (a manifest may name a large object it has
+        under a wrong size, as many times as it likes)."""
+        if (oid, path) in _hashed_good:
+            return False
         try:
             digest = hashlib.sha256()
             with open_regular(path) as fh:
                 while chunk := fh.read(_COPY_CHUNK):
                     digest.update(chunk)
             if digest.hexdigest() == oid:
+                _hashed_good.add((oid, path))
                 return False
             name = oid if path == self.path(oid) else f"{oid}.lfs"
             _move(path, os.path.join(self.own, CORRUPT_DIR, name))

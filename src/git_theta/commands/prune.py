@@ -172,6 +172,14 @@ def prune(dry_run: bool, force: bool = False) -> int:
             "there, and prune sees only this one's, so it would delete theirs; run `git "
             "theta prune --force` if no other repository uses it"
         )
+    lfs_dir = os.path.realpath(repo.store.lfs_root)
+    own = os.path.realpath(git.common_dir(top))
+    if os.path.commonpath([lfs_dir, own]) != own and not force:
+        raise PruneRefusedError(
+            f"the Git LFS directory is {os.path.dirname(lfs_dir)}, outside this repository "
+            "(a symbolic link?): other repositories may keep their objects there, and "
+            "prune sees only this one's; run `git theta prune --force` if none does"
+        )
     store = repo.store
     common = git.common_dir(top)
     if not dry_run:

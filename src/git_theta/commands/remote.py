@@ -187,26 +187,48 @@ def _is_placeholder(path: Path) -> bool:
         return True
 
 
-def _interrupted(top: Path, repo: Repo, skip: list[str]) -> list[str]:
-    """Tracked checkpoints whose bytes are exactly what is staged but whose index stat data
-    is stale: what a checkout killed between its rename and its index update leaves. git
-    takes a changed size for changed content without looking, so `git status` would show
-    them modified for good. Each is compared with its staged manifest (read once, hashed,
-    stored nowhere); a file the user changed is left alone."""
+def _finish_interrupted(top: Path, repo: Repo, skip: list[str]) -> list[str]:
+    """Update the index entries of tracked checkpoints whose bytes are exactly what is
+    staged but whose stat data is stale (what a checkout killed between its rename and
+    its index update leaves: git takes a changed size for changed content without looking,
+    so `git status` would show them modified for good); return their paths.
+
+    Each file is compared with its staged manifest (read once, hashed, stored nowhere) and
+    updated right after, only if its stat data did not change meanwhile; should the entry
+    then differ from what was staged (the user wrote the file at that very moment), the
+    old entry is put back. A file the user changed is never staged."""
     from git_theta.smudge import file_matches
 
     out = git.git("diff-files", "--name-only", "-z", cwd=str(top)).split(b"\0")
-    found = []
+    done = []
     for path in (os.fsdecode(raw) for raw in out if raw):
         manifest = repo.staged_manifest(path)
         if path in skip or manifest is None:
             continue
+        entry = git.git("ls-files", "-s", "-z", "--", path, cwd=str(top)).split(b"\0")[0]
+        mode, blob = entry.split(b" ")[:2] if entry else (b"", b"")
+        full = top / path
         try:
-            if file_matches(str(top / path), manifest, repo.store):
-                found.append(path)
+            before = os.lstat(full)
+            if not file_matches(str(full), manifest, repo.store):
+                continue
+            after = os.lstat(full)
         except OSError:
             continue  # gone, or not a regular file: not ours to touch
-    return found
+        if (before.st_mtime_ns, before.st_size, before.st_ino) != (
+            after.st_mtime_ns,
+            after.st_size,
+            after.st_ino,
+        ):
+            continue  # written while we read it: the user's
+        run("git", "update-index", "-q", "--refresh", "--", path, cwd=str(top), check=False)
+        now = git.git("ls-files", "-s", "-z", "--", path, cwd=str(top)).split(b"\0")[0]
+        if now.split(b" ")[:2] != [mode, blob]:
+            cacheinfo = f"{mode.decode()},{blob.decode()},{path}"
+            run("git", "update-index", "--cacheinfo", cacheinfo, cwd=str(top), check=False)
+            continue
+        done.append(path)
+    return done
 
 
 def checkout(paths: list[str], force: bool = False) -> int:
@@ -238,7 +260,7 @@ def checkout(paths: list[str], force: bool = False) -> int:
     finally:
         repo.close()
     if not paths:
-        targets += _interrupted(top, repo, targets)
+        _finish_interrupted(top, repo, targets)
     if targets:
         # With our filter on: git re-cleans (hashes) the files and records their stat
         # data (naming them updates their entries), so `git status` stays clean.
