@@ -1,0 +1,141 @@
+"""The merge-strategy contract: how two changed versions of one tensor become one.
+
+A strategy only computes values (``combine``). What every strategy shares lives here:
+``parse_params`` checks a user's ``k=v`` settings against the strategy's ``params``, and
+``merge_tensor`` runs the element-wise three-way step, widens the tensor's dtype to a
+working float type, and rounds the strategy's values back once.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+
+from git_theta.errors import ThetaError
+
+ParamValue = float | int | str  # bool is an int: kind=bool params hold True/False
+
+
+class MergeError(ThetaError, ValueError):
+    """Two versions of a tensor cannot be merged as asked."""
+
+
+class MergeTypeError(MergeError, TypeError):
+    """The strategy cannot compute with the tensor's dtype (integers, bool, quantized)."""
+
+
+class MergeBaseMissingError(MergeError):
+    """The strategy needs the common ancestor's tensor and there is none."""
+
+
+class MergeShapeError(MergeError):
+    """The versions differ in byte size, so no element-wise merge is defined."""
+
+
+@dataclass(frozen=True)
+class Param:
+    """One setting of a strategy, given as ``--param name=value``."""
+
+    name: str
+    kind: type  # float, int, str or bool
+    default: ParamValue | None  # None = required (except a uses_seed strategy's "seed")
+    help: str
+    low: float | None = None  # inclusive bounds for float/int params
+    high: float | None = None
+    low_open: bool = False  # True: ``low`` itself is not allowed (density > 0)
+    choices: tuple[str, ...] = ()  # allowed values of a str param
+
+
+class MergeStrategy(ABC):
+    """A way to combine two changed versions of a tensor. Subclasses set the ClassVars
+    and implement ``combine``; the registry key is ``name``."""
+
+    name: ClassVar[str]  # entry-point key: "ours", "average", "ties", ...
+    description: ClassVar[str]  # one line, shown by the prompt and `git theta merge --help`
+    params: ClassVar[tuple[Param, ...]] = ()
+    needs_base: ClassVar[bool] = False  # task arithmetic, TIES, DARE, base: the ancestor
+    picks_side: ClassVar[bool] = False  # ours/theirs/base: any dtype, bytes copied exactly
+    uses_seed: ClassVar[bool] = False  # DARE: a seed is drawn if not given, and recorded
+    # True when element i of the result depends only on element i of the inputs: then
+    # merge_tensor hands ``combine`` only the elements both sides changed differently.
+    elementwise: ClassVar[bool] = False
+
+    @abstractmethod
+    def combine(
+        self,
+        base: np.ndarray | None,
+        ours: np.ndarray,
+        theirs: np.ndarray,
+        params: Mapping[str, ParamValue],
+    ) -> np.ndarray:
+        """Return the merged values, same shape as ``ours``.
+
+        Arrays are float32 (float64 for F64 tensors); ``base`` is None only when
+        ``needs_base`` is false and the tensor was added on both sides. ``params`` is
+        complete (defaults filled, a seed drawn). picks_side strategies get the raw
+        arrays and return one of them. May return (or overwrite) one of its inputs."""
+
+
+@dataclass
+class TensorMerge:
+    """The result of merging one tensor.
+
+    ``data`` has the tensor's bytes (little-endian, in the tensor's dtype; its NumPy
+    dtype is the storage view: ``<u2`` for BF16, ``u1`` for FP8 and opaque types) and
+    the shape of the ``ours`` input. The counts are in elements (in blocks for
+    block-quantized types, bytes for packed sub-byte types, one for an opaque dtype)
+    and add up to the total: ``unchanged`` equal on all three sides, ``from_ours`` /
+    ``from_theirs`` changed on that side only, ``same`` changed identically on both,
+    ``merged`` changed differently on both (the strategy's values)."""
+
+    data: np.ndarray
+    unchanged: int
+    from_ours: int
+    from_theirs: int
+    same: int
+    merged: int
+    params: dict[str, ParamValue] = field(default_factory=dict)  # as used, seed included
+
+
+def parse_params(strategy: MergeStrategy, raw: Mapping[str, str]) -> dict[str, ParamValue]:
+    """Return ``raw`` (name -> text, as given on a command line or in a rules file)
+    converted to each param's kind, with defaults filled in.
+
+    Raises UsageError (one line naming the param and what is allowed) for an unknown
+    name, a value of the wrong kind or out of range, or a missing required param."""
+    from git_theta.merges._params import parse
+
+    return parse(strategy, raw)
+
+
+def merge_tensor(
+    strategy: MergeStrategy,
+    params: Mapping[str, ParamValue],
+    base: np.ndarray | None,
+    ours: np.ndarray,
+    theirs: np.ndarray,
+    dtype: str,
+    *,
+    tensor: str = "?",
+) -> TensorMerge:
+    """Merge one tensor three-way, element by element; ``tensor`` (its name) is only
+    used in messages.
+
+    The arrays are any NumPy views of the three versions' bytes in ``dtype`` (a
+    git-theta dtype name, e.g. "BF16"); ``base`` is None when the tensor is new on both
+    sides. ``params`` comes from ``parse_params``. Elements are compared by their bits
+    (NaN and -0.0 are exact): an element changed on one side only comes from that side,
+    one changed identically on both is taken, and only elements changed differently on
+    both get the strategy's value, computed in float32 (float64 for F64) and rounded
+    once to ``dtype`` (round to nearest even).
+
+    Raises MergeTypeError when a computing strategy meets a dtype it cannot combine,
+    MergeBaseMissingError when the strategy needs a base and there is none, and
+    MergeShapeError when the versions differ in size."""
+    from git_theta.merges._threeway import merge
+
+    return merge(strategy, params, base, ours, theirs, dtype, tensor)
