@@ -58,11 +58,24 @@ class Link(NamedTuple):
     ref: ObjectRef
 
 
+class MergeRecord(NamedTuple):
+    """How a merge made this tensor's value: the strategy and its parameters (a drawn
+    seed among them), as text; kept while the value stays the same."""
+
+    strategy: str
+    params: tuple[tuple[str, str], ...] = ()
+
+
+MAX_MERGE_PARAMS = 16
+MAX_MERGE_VALUE = 128  # characters of one recorded parameter value
+
+
 class TensorEntry(NamedTuple):
     dtype: str
     shape: tuple[int, ...]
     hash: str  # blake3 of the tensor's exact bytes
     chain: tuple[Link, ...]
+    merge: MergeRecord | None = None  # optional: only a merged value has it
 
 
 class Glue(NamedTuple):
@@ -141,7 +154,7 @@ def _glue_dict(glue: Glue) -> dict[str, Any]:
 
 
 def _entry_dict(entry: TensorEntry) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "dtype": entry.dtype,
         "shape": list(entry.shape),
         "hash": entry.hash,
@@ -150,6 +163,9 @@ def _entry_dict(entry: TensorEntry) -> dict[str, Any]:
             for ln in entry.chain
         ],
     }
+    if entry.merge is not None:  # absent otherwise: older manifests stay byte-identical
+        out["merge"] = {"strategy": entry.merge.strategy, "params": dict(entry.merge.params)}
+    return out
 
 
 class _Invalid(Exception):
@@ -257,6 +273,8 @@ def _list(value: Any, what: str) -> list[Any]:
 _TOP = frozenset({"git-theta", "format", "size", "glue", "layout", "tensors"})
 _GLUE = frozenset({"hash", "oid", "size"})
 _ENTRY = frozenset({"dtype", "shape", "hash", "chain"})
+_MERGED_ENTRY = _ENTRY | {"merge"}
+_MERGE = frozenset({"strategy", "params"})
 _LINK = frozenset({"update", "codec", "oid", "size"})
 
 
@@ -273,7 +291,10 @@ def _build(raw: dict[str, Any]) -> Manifest:
     # The fast path checks only types; messages are built when something is wrong.
     for name, e in tensors_raw.items():
         if type(e) is not dict or e.keys() != _ENTRY:
-            _fields(e, _ENTRY, f"tensor {quote(name)}")
+            if type(e) is dict and "merge" in e:
+                _fields(e, _MERGED_ENTRY, f"tensor {quote(name)}")
+            else:
+                _fields(e, _ENTRY, f"tensor {quote(name)}")
         chain_raw, shape_raw = e["chain"], e["shape"]
         if type(chain_raw) is not list or type(shape_raw) is not list:
             _list(chain_raw, f"tensor {quote(name)}: the chain")
@@ -284,11 +305,43 @@ def _build(raw: dict[str, Any]) -> Manifest:
                 _fields(ln, _LINK, f"tensor {quote(name)}: a link")
             chain.append(Link(ln["update"], ln["codec"], ObjectRef(ln["oid"], ln["size"])))
         tensors[name] = TensorEntry(
-            e["dtype"], tuple(shape_raw[: MAX_DIMS + 1]), e["hash"], tuple(chain)
+            e["dtype"],
+            tuple(shape_raw[: MAX_DIMS + 1]),
+            e["hash"],
+            tuple(chain),
+            _merge_record(e["merge"], name) if "merge" in e else None,
         )
     layout = tuple(_list(raw["layout"], "the layout")[: 2 * MAX_TENSORS + 2])
     glue_ref = Glue(glue["hash"], ObjectRef(glue["oid"], glue["size"]))
     return Manifest(raw["format"], raw["size"], glue_ref, layout, tensors)
+
+
+def _merge_record(raw: Any, name: str) -> MergeRecord:
+    """The structure of a tensor's merge record; its values are checked by ``_check``."""
+    what = f"tensor {quote(name)}: the merge record"
+    _fields(raw, _MERGE, what)
+    params = raw["params"]
+    if not isinstance(params, dict):
+        raise _Invalid(f"{what}'s params is not a JSON object")
+    items = list(params.items())[: MAX_MERGE_PARAMS + 1]
+    return MergeRecord(raw["strategy"], tuple(items))
+
+
+def _merge_problem(record: MergeRecord) -> str | None:
+    """What is wrong with a merge record (keys, at most 16 short printable values)."""
+    if type(record.strategy) is not str or not _KEY.fullmatch(record.strategy):
+        return f"the merge record's strategy {_show(record.strategy)} is not a key"
+    if type(record.params) is not tuple or len(record.params) > MAX_MERGE_PARAMS:
+        return f"the merge record holds more than {MAX_MERGE_PARAMS} parameters"
+    for key, value in record.params:
+        if type(key) is not str or not _KEY.fullmatch(key):
+            return f"the merge record's parameter {_show(key)} is not a key"
+        if type(value) is not str or len(value) > MAX_MERGE_VALUE or not value.isprintable():
+            return (
+                f"the merge record's {key} is not printable text of at most "
+                f"{MAX_MERGE_VALUE} characters"
+            )
+    return None
 
 
 def _int_problem(value: Any, top: int) -> str | None:
@@ -379,6 +432,10 @@ def _entry_nbytes(entry: TensorEntry) -> int | None:
     problem = _hex_problem(entry.hash)
     if problem is not None:
         raise _Invalid(f"the hash {problem}")
+    if entry.merge is not None:
+        problem = _merge_problem(entry.merge)
+        if problem is not None:
+            raise _Invalid(problem)
     chain = entry.chain
     if type(chain) is not tuple or not 1 <= len(chain) <= MAX_LINKS:
         raise _Invalid(f"the chain must have 1 to {MAX_LINKS} links")
