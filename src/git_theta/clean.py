@@ -211,8 +211,12 @@ def _clean_spans(
         prev = previous.tensors.get(span.name) if previous is not None else None
         # The tensor's own staged entry first, so re-cleaning gives the same manifest;
         # then any staged tensor with these bytes (a rename, a tied copy).
+        merge = None
         if prev is not None and (prev.hash, prev.dtype) == (digest, span.dtype):
             chain: tuple[Link, ...] | None = prev.chain
+            # A merged value keeps the record of how it was merged while it is unchanged,
+            # or re-adding the merge result would show the file modified.
+            merge = prev.merge if prev.shape == span.shape else None
         else:
             chain = reuse.get((digest, span.dtype))
         if not reusable(chain):
@@ -235,7 +239,7 @@ def _clean_spans(
                 shape=span.shape,
             )
         assert chain is not None
-        entry = TensorEntry(span.dtype, span.shape, digest, chain)
+        entry = TensorEntry(span.dtype, span.shape, digest, chain, merge)
         # Hashed, and stored if it changed: nothing refers to these bytes any more (the
         # job is dropped), so the next tensor of this size is read into them.
         codec.recycle(job.data)
