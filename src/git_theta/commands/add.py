@@ -21,7 +21,7 @@ def add(paths: list[str], update_type: str | None, update_path: str | None = Non
     if update_path is not None:
         if update_type not in ("low-rank", "ia3"):
             raise UsageError("--update-path needs --update-type low-rank or ia3")
-        if not os.path.isfile(update_path):
+        if not os.path.exists(update_path):  # a file, or a PEFT adapter directory
             raise UsageError(f"--update-path {update_path}: no such file")
         os.environ[PATH_ENV] = os.path.abspath(update_path)
     if update_type is not None:
