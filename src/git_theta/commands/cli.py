@@ -27,10 +27,18 @@ def _scope_options(p: argparse.ArgumentParser) -> None:
 def _parser() -> argparse.ArgumentParser:
     import argparse  # not for filter-process (see main)
 
+    from git_theta.commands.help_text import EXAMPLES, describe
+
     parser = argparse.ArgumentParser(
-        prog="git theta", description="Version ML model checkpoints in git, tensor by tensor."
+        prog="git theta",
+        description="Version ML model checkpoints in git, tensor by tensor.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"git-theta {__version__}")
+    parser.add_argument(
+        "-q", "--quiet", action="store_true", help="no progress lines (as GIT_THETA_QUIET=1)"
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("install", help="configure git to use git-theta")
@@ -102,6 +110,16 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("textconv", help="one line per tensor for git show/log -p (used by git)")
     p.add_argument("file")
 
+    p = sub.add_parser("merge", help="resolve conflicted checkpoints: --strategy S, or --manual")
+    p.add_argument("paths", nargs="*", metavar="PATH", help="default: every conflicted path")
+    p.add_argument("--strategy", metavar="S", help="ours, theirs, base, average, ties, ...")
+    p.add_argument(
+        "--param", action="append", default=[], metavar="K=V", help="a strategy parameter"
+    )
+    p.add_argument(
+        "--manual", action="store_true", help="write PATH.theta-{base,ours,theirs} to merge by hand"
+    )
+
     p = sub.add_parser("merge-driver", help="git's merge driver (used by git)")
     p.add_argument("base")
     p.add_argument("ours")
@@ -123,6 +141,14 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("prune", help="delete local tensor objects no commit, index or reflog needs")
     p.add_argument("--dry-run", action="store_true", help="only say what would be deleted")
     p.add_argument("--force", action="store_true", help="prune even a shared lfs.storage")
+    p.add_argument(
+        "--grace",
+        type=_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="keep unreferenced objects younger than this (default 3600: an add may be "
+        "writing the manifest that needs them)",
+    )
 
     p = sub.add_parser("pre-push", help="upload tensor objects (run by the pre-push hook)")
     p.add_argument("remote")
@@ -140,7 +166,21 @@ def _parser() -> argparse.ArgumentParser:
     for name in ("clean", "smudge"):
         p = sub.add_parser(name, help=f"one-shot {name} filter (used by git)")
         p.add_argument("path", metavar="PATH")
+    describe(sub)
     return parser
+
+
+def _seconds(text: str) -> float:
+    """argparse type: a non-negative number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        import argparse
+
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (0 or more)")
+    return value
 
 
 def filter_process_command() -> int:
@@ -169,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
             os._exit(code)
         return code
     args = _parser().parse_args(argv)
+    if args.quiet:
+        os.environ["GIT_THETA_QUIET"] = "1"  # read by progress, here and in git's filters
     try:
         if args.command == "install":
             from git_theta.commands.install import install
@@ -219,6 +261,10 @@ def main(argv: list[str] | None = None) -> int:
             from git_theta.commands.textconv import textconv
 
             return textconv(args.file)
+        if args.command == "merge":
+            from git_theta.commands.merge import merge_command
+
+            return merge_command(args.paths, args.strategy, args.param, args.manual)
         if args.command == "merge-driver":
             from git_theta.commands.merge import merge_driver
 
@@ -238,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "prune":
             from git_theta.commands.prune import prune
 
-            return prune(args.dry_run, args.force)
+            return prune(args.dry_run, args.force, args.grace)
         if args.command == "pre-push":
             from git_theta.commands.remote import pre_push
 
