@@ -1,7 +1,52 @@
 """git-theta: version ML model checkpoints in Git, one tensor at a time.
 
 Kept import-free on purpose: the filter process starts once per git command and
-should not pay for anything it does not use.
+should not pay for anything it does not use. The Python API (``git_theta.save``,
+``git_theta.open``, ``git_theta.history``, ``save_to_git``, ``load_from_git``) lives
+in ``git_theta.api`` and is loaded on first attribute access.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "Checkpoint",
+    "Revision",
+    "Saved",
+    "TensorChange",
+    "__version__",
+    "history",
+    "load_from_git",
+    "open",
+    "save",
+    "save_to_git",
+]
+_API = frozenset(__all__) - {"__version__"}
+
+if TYPE_CHECKING:
+    from git_theta.api import (
+        Checkpoint,
+        Revision,
+        Saved,
+        TensorChange,
+        history,
+        load_from_git,
+        open,
+        save,
+        save_to_git,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    if name in _API:
+        from git_theta import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'git_theta' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_API})
