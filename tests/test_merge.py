@@ -1,13 +1,20 @@
-"""git merge combines two branches of a model tensor by tensor."""
+"""git merge combines two branches of a model tensor by tensor, and element by element
+inside a tensor both changed; strategies come from env, rules, config or the command."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 from conftest import git, sha256
 from st_files import st_from_arrays
+
+from git_theta.commands.cli import main
+
+M = "m.safetensors"
 
 
 def arrays() -> dict[str, np.ndarray]:
@@ -16,9 +23,36 @@ def arrays() -> dict[str, np.ndarray]:
 
 
 def save_commit(repo: Path, values: dict[str, np.ndarray], message: str) -> None:
-    (repo / "m.safetensors").write_bytes(st_from_arrays(values))
-    git(repo, "add", "m.safetensors")
+    (repo / M).write_bytes(st_from_arrays(values))
+    git(repo, "add", M)
     git(repo, "commit", "-q", "-m", message)
+
+
+def branches(
+    repo: Path, left: dict[str, np.ndarray], right: dict[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    """Commit base, ``left`` on branch left, ``right`` on main (checked out); return base."""
+    base = arrays()
+    save_commit(repo, base, "base")
+    git(repo, "checkout", "-q", "-b", "left")
+    save_commit(repo, {**base, **left}, "left")
+    git(repo, "checkout", "-q", "main")
+    save_commit(repo, {**base, **right}, "right")
+    return base
+
+
+def digest(values: dict[str, np.ndarray]) -> str:
+    return hashlib.sha256(st_from_arrays(values)).hexdigest()
+
+
+def read_st(path: Path) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    return load_file(str(path))
+
+
+def staged_manifest(repo: Path) -> dict[str, object]:
+    return json.loads(git(repo, "cat-file", "blob", f":{M}").stdout)
 
 
 def test_changes_to_different_tensors_merge_cleanly(repo: Path) -> None:
@@ -32,20 +66,145 @@ def test_changes_to_different_tensors_merge_cleanly(repo: Path) -> None:
     save_commit(repo, right, "right")
     git(repo, "merge", "-q", "--no-edit", "left")
     expected = st_from_arrays({**base, "a": left["a"], "b": left["b"], "c": right["c"]})
-    assert sha256(repo / "m.safetensors") == hashlib.sha256(expected).hexdigest()
+    assert sha256(repo / M) == hashlib.sha256(expected).hexdigest()
     assert git(repo, "status", "--porcelain").stdout == b""
 
 
-def test_both_sides_changing_a_tensor_is_a_named_conflict(repo: Path) -> None:
+def test_both_sides_changing_elements_is_a_named_conflict_then_resolved(repo: Path) -> None:
     base = arrays()
-    save_commit(repo, base, "base")
-    git(repo, "checkout", "-q", "-b", "left")
-    save_commit(repo, {**base, "d": base["d"] + np.float32(1)}, "left")
-    git(repo, "checkout", "-q", "main")
-    ours = {**base, "d": base["d"] + np.float32(2), "a": base["a"] * np.float32(3)}
-    save_commit(repo, ours, "right")
+    base = branches(repo, {"d": base["d"] + np.float32(1)}, {"d": base["d"] + np.float32(2)})
+    ours = {**base, "d": base["d"] + np.float32(2)}
+    done = git(repo, "merge", "--no-edit", "left", check=False)
+    assert done.returncode == 1
+    err = done.stderr.decode()
+    assert (
+        "git-theta: m.safetensors: tensors changed on both sides: 'd' (1,024 elements changed "
+        "differently on both sides); the merge keeps ours for them. Resolve with `git theta "
+        "merge --strategy STRATEGY m.safetensors`" in err
+    )
+    assert sha256(repo / M) == digest(ours)  # a whole checkpoint, never a broken one
+
+    assert main(["merge", "--strategy", "average", M]) == 0
+    got = read_st(repo / M)
+    np.testing.assert_allclose(got["d"], base["d"] + np.float32(1.5), rtol=0, atol=1e-6)
+    assert git(repo, "status", "--porcelain").stdout == b"M  m.safetensors\n"
+    git(repo, "commit", "-q", "--no-edit")
+    assert git(repo, "status", "--porcelain").stdout == b""
+    record = staged_manifest(repo)["tensors"]["d"]["merge"]  # type: ignore[index]
+    assert record == {"strategy": "average", "params": {"weight": "0.5"}}
+    # Re-adding the same bytes keeps the record: nothing shows as modified.
+    (repo / M).write_bytes((repo / M).read_bytes())
+    git(repo, "add", M)
+    assert git(repo, "status", "--porcelain").stdout == b""
+
+
+def test_disjoint_sparse_changes_inside_a_tensor_merge_exactly_without_a_strategy(
+    repo: Path,
+) -> None:
+    base = arrays()
+    left_d, right_d = base["d"].copy(), base["d"].copy()
+    left_d[:4] += np.float32(0.5)  # rows 0-3 on one side
+    right_d[-4:] -= np.float32(0.25)  # rows 28-31 on the other
+    right_d[10, 10] = -0.0 if base["d"][10, 10] == 0 else np.float32(-0.0)
+    branches(repo, {"d": left_d, "a": base["a"] * 2}, {"d": right_d})
+    git(repo, "merge", "-q", "--no-edit", "left")
+    expected_d = right_d.copy()
+    expected_d[:4] = left_d[:4]
+    assert sha256(repo / M) == digest({**base, "a": base["a"] * 2, "d": expected_d})
+    assert git(repo, "status", "--porcelain").stdout == b""
+    tensors = json.loads(git(repo, "cat-file", "blob", f"HEAD:{M}").stdout)["tensors"]
+    assert tensors["d"]["merge"] == {"strategy": "elementwise", "params": {}}
+    assert "merge" not in tensors["a"]  # taken from one side: nothing recorded, nothing new
+
+
+def test_environment_strategy_merges_inside_git_merge(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = arrays()
+    left = {"d": base["d"] + np.float32(1), "c": base["c"] + np.float32(1)}
+    branches(repo, left, {"d": base["d"] - np.float32(1), "c": base["c"] + np.float32(3)})
+    monkeypatch.setenv("GIT_THETA_MERGE_STRATEGY", "average")
+    monkeypatch.setenv("GIT_THETA_MERGE_PARAMS", "weight=0.25")
+    git(repo, "merge", "-q", "--no-edit", "left")
+    got = read_st(repo / M)
+    np.testing.assert_allclose(got["d"], base["d"] - np.float32(0.5), atol=1e-6)
+    np.testing.assert_allclose(got["c"], base["c"] + np.float32(2.5), atol=1e-6)
+    assert git(repo, "status", "--porcelain").stdout == b""
+    assert main(["show", M]) == 0
+
+
+def test_rules_file_picks_per_tensor_and_a_bad_line_is_one_error(repo: Path) -> None:
+    base = arrays()
+    left = {n: base[n] + np.float32(1) for n in "cd"}
+    branches(repo, left, {n: base[n] + np.float32(3) for n in "cd"})
+    (repo / ".theta-merges").write_text("# per tensor\nc theirs\n* average weight=0.5\n")
+    git(repo, "merge", "-q", "--no-edit", "left")
+    got = read_st(repo / M)
+    assert got["c"].tobytes() == (base["c"] + np.float32(1)).tobytes()  # theirs, bit-exact
+    np.testing.assert_allclose(got["d"], base["d"] + np.float32(2), atol=1e-6)
+
+    git(repo, "reset", "-q", "--hard", "HEAD~1")
+    (repo / ".theta-merges").write_text("c theirs\nd averge\n")
     done = git(repo, "merge", "--no-edit", "left", check=False)
     assert done.returncode != 0
-    err = done.stderr.decode() + done.stdout.decode()
-    assert "git-theta: m.safetensors: tensors changed on both sides: d; the merge keeps ours" in err
-    assert sha256(repo / "m.safetensors") == hashlib.sha256(st_from_arrays(ours)).hexdigest()
+    assert (
+        "git-theta: error: .theta-merges:2: unknown merge strategy 'averge' (available: average,"
+        in done.stderr.decode()
+    )
+    assert sha256(repo / M) == digest({**base, **{n: base[n] + np.float32(3) for n in "cd"}})
+
+
+def test_git_config_strategy_and_precedence(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    base = arrays()
+    branches(repo, {"d": base["d"] + np.float32(1)}, {"d": base["d"] + np.float32(3)})
+    git(repo, "config", "theta.mergeStrategy", "ours")
+    (repo / ".theta-merges").write_text("d theirs\n")
+    monkeypatch.setenv("GIT_THETA_MERGE_STRATEGY", "base")  # env > rules > config
+    git(repo, "merge", "-q", "--no-edit", "left")
+    assert read_st(repo / M)["d"].tobytes() == base["d"].tobytes()
+
+
+def test_aborted_merge_leaves_ours_whole(repo: Path) -> None:
+    base = arrays()
+    branches(repo, {"d": base["d"] + np.float32(1)}, {"d": base["d"] + np.float32(2)})
+    before = sha256(repo / M)
+    head = git(repo, "rev-parse", "HEAD").stdout
+    assert git(repo, "merge", "--no-edit", "left", check=False).returncode == 1
+    assert b"UU m.safetensors" in git(repo, "status", "--porcelain").stdout
+    git(repo, "merge", "--abort")
+    assert sha256(repo / M) == before
+    assert git(repo, "status", "--porcelain").stdout == b""
+    assert git(repo, "rev-parse", "HEAD").stdout == head
+
+
+def test_manual_mode_writes_the_three_versions_outside_git_add(repo: Path) -> None:
+    base = arrays()
+    left = {"d": base["d"] + np.float32(1)}
+    right = {"d": base["d"] + np.float32(2)}
+    branches(repo, left, right)
+    assert git(repo, "merge", "--no-edit", "left", check=False).returncode == 1
+    assert main(["merge", "--manual", M]) == 0
+    assert sha256(repo / f"{M}.theta-base") == digest(base)
+    assert sha256(repo / f"{M}.theta-ours") == digest({**base, **right})
+    assert sha256(repo / f"{M}.theta-theirs") == digest({**base, **left})
+    git(repo, "add", ".")  # the versions are not swept in
+    listed = git(repo, "status", "--porcelain").stdout.decode()
+    assert "theta-" not in listed
+    merged = {**base, "d": base["d"] + np.float32(1.25)}
+    (repo / M).write_bytes(st_from_arrays(merged))
+    git(repo, "add", M)
+    git(repo, "commit", "-q", "--no-edit")
+    assert git(repo, "status", "--porcelain").stdout == b""
+    assert sha256(repo / M) == digest(merged)
+
+
+def test_merge_command_outside_a_conflict_is_one_line(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    save_commit(repo, arrays(), "base")
+    assert main(["merge", "--strategy", "average"]) == 2
+    assert capsys.readouterr().err == (
+        "git-theta: error: no conflicted paths: `git theta merge` resolves a merge's conflicts\n"
+    )
+    assert main(["merge", "--strategy", "ties", "--param", "densty=0.5", M]) == 2
+    assert "merge strategy ties has no param 'densty'" in capsys.readouterr().err

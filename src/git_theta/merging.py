@@ -1,24 +1,79 @@
-"""Three-way merge of manifests, tensor by tensor.
+"""Three-way merge of manifests, tensor by tensor and, inside a tensor, element by element.
 
-A tensor changed on one side only takes that side's entry; changed the same way on both,
-either; changed differently on both, it is a conflict. The file's non-tensor bytes (the
-header, which names every tensor's dtype and shape) follow the same rule as a whole.
+A tensor changed on one side only takes that side's entry (nothing is decoded or stored);
+changed the same way on both, either. Changed differently on both, its three versions are
+decoded and merged element-wise (``merges.merge_tensor``): an element changed on one side
+only comes from that side, bit-exact, so two disjoint sparse fine-tunes merge exactly
+with no strategy; only elements changed differently on both get the chosen strategy's
+value. The result is stored as an update on ours' chain (its smallest form).
+
+Removed on one side and changed on the other, or a dtype or shape change, cannot be
+combined: a conflict unless the chosen strategy picks a side (ours, theirs, base). The
+file's non-tensor bytes (the header, which names every tensor's dtype and shape) follow
+the one-side rule as a whole; when both sides changed them only a file-wide side choice
+resolves it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from git_theta.manifest import Manifest, TensorEntry
+from git_theta.display import quote
+from git_theta.manifest import Manifest, MergeRecord, TensorEntry, tensor_nbytes
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from git_theta.merges.base import MergeStrategy, TensorMerge
+    from git_theta.store import ObjectRef, ObjectStore
 
 T = TypeVar("T")
+ELEMENTWISE = "elementwise"  # the record of a tensor no element of which both sides changed
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A strategy for a tensor, with its parameters as text, and where it was chosen
+    (for messages: ``.theta-merges:3``, ``GIT_THETA_MERGE_STRATEGY``...)."""
+
+    strategy: str
+    params: tuple[tuple[str, str], ...] = ()
+    source: str = ""
+
+
+@dataclass
+class Question:
+    """What the prompt is asked about one conflicting tensor."""
+
+    name: str
+    reason: str
+    computable: bool  # False: only a strategy that picks a side resolves it
+    entries: tuple[TensorEntry | None, TensorEntry | None, TensorEntry | None]  # b, o, t
+    values: tuple[bytes | bytearray | None, ...] = ()  # decoded b, o, t (computable only)
+    both: int = 0  # elements both sides changed differently
+
+
+Rule = Callable[[str], Choice | None]  # tensor name -> the configured choice, no stats
+Ask = Callable[[Question], Choice | None]  # the interactive prompt
+
+
+@dataclass
+class Values:
+    """Where tensor values come from: the object store, and a download for what is
+    missing (None: only local objects)."""
+
+    store: ObjectStore
+    fetch: Callable[[Iterable[ObjectRef]], None] | None = None
 
 
 @dataclass
 class MergeResult:
     manifest: Manifest
-    conflicts: list[str] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)  # one item per tensor (or header)
+    records: dict[str, MergeRecord] = field(default_factory=dict)  # tensors combined
+    conflicted: list[str] = field(default_factory=list)  # the tensor names among conflicts
 
 
 def _pick(base: T | None, ours: T | None, theirs: T | None) -> tuple[T | None, bool]:
@@ -38,11 +93,157 @@ def _same(a: TensorEntry | None, b: TensorEntry | None) -> bool:
     return (a.dtype, a.shape, a.hash) == (b.dtype, b.shape, b.hash)
 
 
-def merge3(base: Manifest | None, ours: Manifest, theirs: Manifest) -> MergeResult:
-    """Merge ``theirs`` into ``ours`` relative to ``base``; list conflicting tensors."""
+def _fits(a: TensorEntry | None, b: TensorEntry | None) -> bool:
+    return a is not None and b is not None and (a.dtype, a.shape) == (b.dtype, b.shape)
+
+
+def side_of(strategy: MergeStrategy) -> int | None:
+    """Which input (0 base, 1 ours, 2 theirs) a side-picking strategy returns; None for
+    one that computes. Asked of the strategy itself, so a plugin's works too."""
+    if not strategy.picks_side:
+        return None
+    import numpy as np
+
+    marks = [np.array([float(i)], dtype=np.float32) for i in range(3)]
+    try:
+        got = strategy.combine(marks[0], marks[1], marks[2], {})
+    except Exception:
+        return None
+    for i, mark in enumerate(marks):
+        if got is mark or (got.shape == (1,) and float(got[0]) == float(i)):
+            return i
+    return None
+
+
+_STORAGE = {
+    "BOOL": "u1", "U8": "u1", "I8": "i1", "I16": "<i2", "U16": "<u2", "F16": "<f2",
+    "BF16": "<u2", "I32": "<i4", "U32": "<u4", "F32": "<f4", "I64": "<i8", "U64": "<u8",
+    "F64": "<f8", "C64": "<c8", "C128": "<c16",
+}  # fmt: skip
+
+
+def _view(data: bytes | bytearray | memoryview, dtype: str) -> np.ndarray:
+    """The tensor's bytes as a flat NumPy view of its storage type (merges' contract)."""
+    import numpy as np
+
+    return np.frombuffer(data, dtype=_STORAGE.get(dtype, "u1"))
+
+
+def _strategy(key: str) -> MergeStrategy:
+    from git_theta.merges import MERGES
+
+    return MERGES.get(key)
+
+
+def _record(choice: Choice | None, merged: TensorMerge) -> MergeRecord:
+    if merged.merged == 0 or choice is None:
+        return MergeRecord(ELEMENTWISE)
+    used = tuple((k, v if isinstance(v, str) else repr(v)) for k, v in merged.params.items())
+    return MergeRecord(choice.strategy, tuple(sorted(used)))
+
+
+class _Tensors:
+    """Merges the tensors both sides changed, given where values come from."""
+
+    def __init__(self, values: Values, rule: Rule | None, ask: Ask | None):
+        self.values = values
+        self.rule = rule
+        self.ask = ask
+
+    def fetch(self, entries: Iterable[TensorEntry | None]) -> None:
+        """Download, in one batch, every object of ``entries`` that is not local."""
+        store = self.values.store
+        missing = {
+            link.ref
+            for e in entries
+            if e is not None
+            for link in e.chain
+            if not store.has(link.ref)
+        }
+        if missing and self.values.fetch is not None:
+            self.values.fetch(missing)
+
+    def decode(
+        self, name: str, entries: tuple[TensorEntry | None, ...], size: int
+    ) -> list[bytearray | None]:
+        from git_theta import chains
+
+        return [
+            None if e is None else chains.rebuild(name, e, self.values.store, limit=size)
+            for e in entries
+        ]
+
+    def combine(
+        self,
+        name: str,
+        choice: Choice,
+        entries: tuple[TensorEntry | None, TensorEntry, TensorEntry],
+        values: list[bytearray | None],
+    ) -> TensorMerge:
+        """Run the element-wise step with ``choice``'s strategy; raises MergeError (or
+        UsageError for bad params) naming the tensor."""
+        from git_theta.merges.base import merge_tensor, parse_params
+
+        strategy = _strategy(choice.strategy)
+        params = parse_params(strategy, dict(choice.params))
+        b, o, t = values
+        assert o is not None and t is not None
+        dtype = entries[1].dtype
+        return merge_tensor(
+            strategy,
+            params,
+            None if b is None else _view(b, dtype),
+            _view(o, dtype),
+            _view(t, dtype),
+            dtype,
+            tensor=name,
+        )
+
+    def store(
+        self, name: str, ours: TensorEntry, ours_value: bytearray, merged: TensorMerge
+    ) -> TensorEntry:
+        """Store the merged value as its smallest update on ours' chain."""
+        import numpy as np
+
+        from git_theta import chains
+        from git_theta.content import content_hash
+
+        data = np.ascontiguousarray(merged.data).reshape(-1).view(np.uint8).data
+        chain = chains.store_value(
+            data,
+            ours.dtype,
+            self.values.store,
+            "auto",
+            ours,
+            lambda: ours_value,
+            name=name,
+            shape=ours.shape,
+        )
+        return TensorEntry(ours.dtype, ours.shape, content_hash(data), chain)
+
+
+def merge3(
+    base: Manifest | None,
+    ours: Manifest,
+    theirs: Manifest,
+    values: Values | None = None,
+    rule: Rule | None = None,
+    ask: Ask | None = None,
+    whole_file: Choice | None = None,
+) -> MergeResult:
+    """Merge ``theirs`` into ``ours`` relative to ``base``; list what stays in conflict.
+
+    ``values`` (the object store) lets tensors changed on both sides be merged; without
+    it they are conflicts. ``rule`` names the configured strategy of a tensor, ``ask`` is
+    the prompt for one left without; ``whole_file`` (a side-picking strategy given for
+    the whole file) also resolves a header both sides changed. A conflicting tensor keeps
+    ours' entry. Raises a ThetaError when values cannot be read or a strategy or its
+    params are unknown.
+    """
     b_tensors = base.tensors if base else {}
-    conflicts: list[str] = []
+    result = MergeResult(ours)
     tensors: dict[str, TensorEntry] = {}
+    both: list[str] = []
     for name in sorted(set(b_tensors) | set(ours.tensors) | set(theirs.tensors)):
         b, o, t = b_tensors.get(name), ours.tensors.get(name), theirs.tensors.get(name)
         # Equal content counts as unchanged even when stored through different chains.
@@ -51,27 +252,152 @@ def merge3(base: Manifest | None, ours: Manifest, theirs: Manifest) -> MergeResu
         elif _same(o, b):
             chosen = t  # only theirs changed it
         else:
+            both.append(name)
             chosen = o
-            conflicts.append(name)
         if chosen is not None:
             tensors[name] = chosen
+
     b_frame = (base.format, base.size, base.glue, base.layout) if base else None
-    frame, clean = _pick(
-        b_frame,
-        (ours.format, ours.size, ours.glue, ours.layout),
-        (theirs.format, theirs.size, theirs.glue, theirs.layout),
-    )
-    assert frame is not None
+    o_frame = (ours.format, ours.size, ours.glue, ours.layout)
+    t_frame = (theirs.format, theirs.size, theirs.glue, theirs.layout)
+    frame, clean = _pick(b_frame, o_frame, t_frame)
+    frame_side = theirs if frame == t_frame and frame != o_frame else ours
     if not clean:
-        conflicts.insert(0, "(file header: both sides changed dtypes, shapes or tensor names)")
+        side = side_of(_strategy(whole_file.strategy)) if whole_file is not None else None
+        if side is not None and (side != 0 or base is not None):
+            frame_side = (base, ours, theirs)[side] or ours
+            frame = (frame_side.format, frame_side.size, frame_side.glue, frame_side.layout)
+            clean = True
+        else:
+            result.conflicts.append(
+                "(file header: both sides changed dtypes, shapes, tensor names or metadata)"
+            )
+    assert frame is not None
     fmt, size, glue, layout = frame
-    names = {item for item in layout if isinstance(item, str)}
-    missing = sorted(names - set(tensors))
-    if missing and clean:
-        conflicts.append(f"(header names tensors one side removed: {', '.join(missing)})")
-    for name in missing:
-        entry = ours.tensors.get(name) or theirs.tensors.get(name)
-        if entry is not None:
+    names = [item for item in layout if isinstance(item, str)]
+    name_set = set(names)
+
+    merger = _Tensors(values, rule, ask) if values is not None else None
+    _merge_both(merger, both, b_tensors, ours, theirs, tensors, result, size)
+
+    # Every tensor the chosen header names must be there, with the dtype and shape it says.
+    for name in names:
+        want = frame_side.tensors.get(name)
+        have = tensors.get(name)
+        if have is None or (want is not None and not _fits(have, want)):
+            if name not in result.conflicted and clean:
+                result.conflicts.append(
+                    f"{quote(name)} (the header names it with another dtype or shape, or "
+                    "a side removed it)"
+                )
+                result.conflicted.append(name)
+            fallback = want or ours.tensors.get(name) or theirs.tensors.get(name)
+            if fallback is not None:
+                tensors[name] = fallback
+    merged = Manifest(fmt, size, glue, layout, {n: e for n, e in tensors.items() if n in name_set})
+    result.manifest = merged
+    result.records = {n: r for n, r in result.records.items() if n in merged.tensors}
+    return result
+
+
+def _structural_reason(b: TensorEntry | None, o: TensorEntry | None, t: TensorEntry | None) -> str:
+    if o is None or t is None:
+        return "removed on one side and changed on the other"
+    if b is None:
+        return "added on both sides with different dtypes or shapes"
+    return "dtype or shape changed"
+
+
+def _merge_both(
+    merger: _Tensors | None,
+    both: list[str],
+    b_tensors: dict[str, TensorEntry],
+    ours: Manifest,
+    theirs: Manifest,
+    tensors: dict[str, TensorEntry],
+    result: MergeResult,
+    size: int,
+) -> None:
+    """Resolve the tensors both sides changed, in ``tensors``; the rest are conflicts."""
+    from git_theta.errors import ThetaError
+    from git_theta.merges.base import MergeError
+
+    def conflict(name: str, reason: str) -> None:
+        result.conflicts.append(f"{quote(name)} ({reason})")
+        result.conflicted.append(name)
+
+    if merger is None:
+        for name in both:
+            conflict(name, "changed on both sides")
+        return
+
+    def choose(name: str) -> Choice | None:
+        return merger.rule(name) if merger.rule is not None else None
+
+    def take_side(name: str, choice: Choice, entries: tuple[TensorEntry | None, ...]) -> bool:
+        side = side_of(_strategy(choice.strategy))
+        if side is None:
+            return False
+        entry = entries[side]
+        if entry is None:
+            tensors.pop(name, None)
+        else:
             tensors[name] = entry
-    merged = Manifest(fmt, size, glue, layout, {n: e for n, e in tensors.items() if n in names})
-    return MergeResult(merged, conflicts)
+        result.records[name] = MergeRecord(choice.strategy)
+        return True
+
+    computable = []
+    for name in both:
+        entries = (b_tensors.get(name), ours.tensors.get(name), theirs.tensors.get(name))
+        b, o, t = entries
+        if _fits(o, t) and (b is None or _fits(b, o)):
+            computable.append(name)
+            continue
+        reason = _structural_reason(b, o, t)
+        choice = choose(name)
+        if choice is None and merger.ask is not None:
+            choice = merger.ask(Question(name, reason, False, entries))
+        if choice is None or not take_side(name, choice, entries):
+            how = "" if choice is None else f"; {choice.strategy} cannot resolve that"
+            conflict(name, reason + how + ": only ours, theirs or base can")
+
+    merger.fetch(
+        e
+        for name in computable
+        for e in (b_tensors.get(name), ours.tensors.get(name), theirs.tensors.get(name))
+    )
+    for name in computable:
+        b, o, t = b_tensors.get(name), ours.tensors[name], theirs.tensors[name]
+        entries3 = (b, o, t)
+        # Element-wise even for a side-picking strategy: it picks only where both sides
+        # changed an element differently, as git's -X ours/theirs keeps the other's hunks.
+        choice = choose(name)
+        try:
+            values = merger.decode(name, entries3, size)
+            first = choice or Choice("ours")
+            done = merger.combine(name, first, entries3, values)
+            if done.merged and choice is None:
+                question = Question(name, "changed on both sides", True, entries3)
+                question.values, question.both = tuple(values), done.merged
+                choice = merger.ask(question) if merger.ask is not None else None
+                if choice is None:
+                    conflict(name, f"{done.merged:,} elements changed differently on both sides")
+                    continue
+                done = merger.combine(name, choice, entries3, values)
+            ov = values[1]
+            assert ov is not None
+            entry = merger.store(name, o, ov, done)
+        except MergeError as exc:
+            conflict(name, str(exc))
+            continue
+        except ThetaError:
+            raise
+        record = _record(choice, done)
+        tensors[name] = entry._replace(merge=record)
+        result.records[name] = record
+        del values
+
+
+def nbytes(entry: TensorEntry) -> int:
+    """The byte size of an entry's value (0 for an opaque dtype)."""
+    return tensor_nbytes(entry.dtype, entry.shape) or 0

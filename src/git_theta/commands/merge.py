@@ -1,18 +1,45 @@
-"""git's merge driver (``merge.theta.driver``): merge manifests tensor by tensor."""
+"""Merging checkpoints: git's merge driver (``merge.theta.driver``) and ``git theta merge``.
+
+The driver gets the three versions' manifests from git (%O %A %B) and writes the merge
+into %A; git stores it and checks it out through our filter. On a conflict it keeps
+ours for the conflicting tensors (so the work tree holds a whole, valid checkpoint),
+exits 1 and says how to resolve: ``git theta merge --strategy S PATH`` (which merges the
+index's conflict stages again, writes the file and stages it) or ``--manual`` (the three
+versions written beside the file, for any tool to merge).
+"""
 
 from __future__ import annotations
 
+import os
 import sys
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-from git_theta.errors import ManifestError
-from git_theta.files import atomic_write
+from git_theta.display import escape
+from git_theta.errors import ManifestError, ThetaError, UsageError
 from git_theta.manifest import Manifest, is_manifest, parse
-from git_theta.merging import merge3
+from git_theta.merging import Choice, MergeResult, Values, merge3
+
+if TYPE_CHECKING:
+    from git_theta.merging import Ask, Rule
+    from git_theta.repo import Repo
+
+# Manual mode's files: PATH.theta-base etc. Their names match no `*.ext` track pattern,
+# and install puts them in .git/info/exclude, so `git add .` does not sweep them in.
+SIDES = ("base", "ours", "theirs")
+MANUAL_SUFFIX = ".theta-"
+EXCLUDE_LINES = ("# git-theta: the versions `git theta merge --manual` writes", "*.theta-base",
+                 "*.theta-ours", "*.theta-theirs")  # fmt: skip
+
+
+class MergeConflictError(ThetaError):
+    """Tensors stay in conflict after a ``git theta merge``."""
 
 
 def _read(path: str) -> Manifest | None:
-    data = Path(path).read_bytes()
+    from git_theta.files import open_regular
+
+    with open_regular(path) as fh:
+        data = fh.read()
     if not data:
         return None  # the file did not exist on that side
     if not is_manifest(data):
@@ -20,20 +47,234 @@ def _read(path: str) -> Manifest | None:
     return parse(data)
 
 
+def _strategies() -> list[str]:
+    from git_theta.merges import MERGES
+
+    return sorted(MERGES.all())
+
+
+def _prompt(path: str) -> Ask | None:
+    from git_theta.merge_prompt import Prompt, open_terminal
+
+    terminal = open_terminal()
+    return None if terminal is None else Prompt(terminal, path, _strategies(), sys.stderr)
+
+
+def _summary(path: str, result: MergeResult) -> str:
+    """'merged N tensors both sides changed (average: 3, elementwise: 1)', or ''."""
+    if not result.records:
+        return ""
+    counts: dict[str, int] = {}
+    for record in result.records.values():
+        counts[record.strategy] = counts.get(record.strategy, 0) + 1
+    how = ", ".join(f"{key}: {n}" for key, n in sorted(counts.items()))
+    count = len(result.records)
+    return f"git-theta: {escape(path)}: merged {count} tensors both sides changed ({how})\n"
+
+
+def _conflict_message(path: str, result: MergeResult) -> str:
+    shown = ", ".join(escape(c) for c in result.conflicts[:10])
+    more = f" and {len(result.conflicts) - 10} more" if len(result.conflicts) > 10 else ""
+    return (
+        f"git-theta: {escape(path)}: tensors changed on both sides: {shown}{more}; the merge "
+        f"keeps ours for them. Resolve with `git theta merge --strategy STRATEGY "
+        f"{escape(path)}` (strategies: {', '.join(_strategies())}), or `git theta merge "
+        f"--manual {escape(path)}` to merge the versions with another tool, then `git add` it."
+    )
+
+
+def _merge(
+    path: str,
+    base: Manifest | None,
+    ours: Manifest,
+    theirs: Manifest,
+    repo: Repo,
+    forced: Choice | None,
+    interactive: bool,
+) -> MergeResult:
+    from git_theta.merge_rules import load_rule
+
+    rule: Rule
+    rule, whole = load_rule(str(repo.cwd or "."), forced)
+    ask = _prompt(path) if interactive else None
+    values = Values(repo.store, repo.downloader.fetch)
+    return merge3(base, ours, theirs, values, rule, ask, whole)
+
+
 def merge_driver(base: str, ours: str, theirs: str, path: str) -> int:
     """Write the merge into ``ours``; exit 0 when clean, 1 with the conflicts listed."""
+    from git_theta import git
+    from git_theta.repo import Repo
+
     o, t = _read(ours), _read(theirs)
     if o is None or t is None:
-        sys.stderr.write(f"git-theta: {path}: deleted on one side and changed on the other\n")
-        return 1
-    result = merge3(_read(base), o, t)
-    atomic_write(ours, result.manifest.to_bytes())
-    if result.conflicts:
-        names = ", ".join(result.conflicts[:10])
-        more = f" and {len(result.conflicts) - 10} more" if len(result.conflicts) > 10 else ""
         sys.stderr.write(
-            f"git-theta: {path}: tensors changed on both sides: {names}{more}; the merge keeps "
-            "ours for them. Edit the checkpoint and `git add` it to resolve.\n"
+            f"git-theta: {escape(path)}: deleted on one side and changed on the other; "
+            f"`git rm {escape(path)}` or `git add {escape(path)}` to resolve\n"
         )
         return 1
+    repo = Repo(str(git.toplevel()))
+    try:
+        result = _merge(path, _read(base), o, t, repo, None, interactive=True)
+    finally:
+        repo.close()
+    from git_theta.files import atomic_write
+
+    atomic_write(ours, result.manifest.to_bytes())
+    sys.stderr.write(_summary(path, result))
+    if result.conflicts:
+        sys.stderr.write(_conflict_message(path, result) + "\n")
+        return 1
     return 0
+
+
+# -- git theta merge: resolving a conflicted path ------------------------------------
+
+
+def _stages(top: str) -> dict[str, dict[int, tuple[str, str]]]:
+    """Conflicted paths -> {stage: (mode, blob)} from the index."""
+    from git_theta import git
+
+    out: dict[str, dict[int, tuple[str, str]]] = {}
+    for raw in git.git("ls-files", "-u", "-z", cwd=top).split(b"\0"):
+        if not raw:
+            continue
+        info, _, name = raw.decode("utf-8", "surrogateescape").partition("\t")
+        mode, blob, stage = info.split()
+        out.setdefault(name, {})[int(stage)] = (mode, blob)
+    return out
+
+
+def _blob_manifest(blob: str, top: str, what: str) -> Manifest:
+    from git_theta import git
+    from git_theta.manifest import PREFIX
+
+    data = git.blobs_starting_with([blob], PREFIX, cwd=top).get(blob)
+    if data is None:
+        raise ThetaError(f"{what} is not a git-theta checkpoint; resolve it with git")
+    try:
+        return parse(data)
+    except ManifestError as exc:
+        exc.args = (f"{what}: {exc}",)
+        raise
+
+
+def _write_checkpoint(dest: str, manifest: Manifest, path: str, repo: Repo, top: str) -> None:
+    from git_theta.files import AtomicWriter
+    from git_theta.smudge import write_checkpoint
+
+    with AtomicWriter(dest, within=top) as fh:
+        write_checkpoint(manifest, fh, path, repo.store, fetch=repo.downloader.fetch)
+
+
+def ensure_excluded(top: str) -> None:
+    """Add manual mode's names to ``.git/info/exclude`` once (they are never staged by
+    `git add .`)."""
+    from git_theta import git
+    from git_theta.files import atomic_write, read_capped
+
+    info = os.path.join(git.git("rev-parse", "--git-common-dir", cwd=top).decode().strip())
+    if not os.path.isabs(info):
+        info = os.path.join(top, info)
+    exclude = os.path.join(info, "info", "exclude")
+    try:
+        old = read_capped(exclude, 1 << 20)
+    except FileNotFoundError:
+        old = b""
+    have = set(old.decode("utf-8", "replace").splitlines())
+    missing = [line for line in EXCLUDE_LINES if line not in have]
+    if not missing:
+        return
+    os.makedirs(os.path.dirname(exclude), exist_ok=True)
+    sep = b"" if not old or old.endswith(b"\n") else b"\n"
+    atomic_write(exclude, old + sep + ("\n".join(missing) + "\n").encode())
+
+
+def manual_paths(path: str) -> list[str]:
+    """The files manual mode writes for ``path``: base, ours, theirs."""
+    return [f"{path}{MANUAL_SUFFIX}{side}" for side in SIDES]
+
+
+def merge_command(paths: list[str], strategy: str | None, params: list[str], manual: bool) -> int:
+    """Resolve conflicted checkpoints: merge the index's stages again with ``strategy``
+    (or the configured rules, or the prompt), write the file and stage it; or with
+    ``manual`` write the three versions beside it. Returns 0; raises ThetaError."""
+    from git_theta import git
+    from git_theta.merge_rules import check_choice
+    from git_theta.repo import Repo
+    from git_theta.setup_check import require_filter
+
+    if manual and strategy:
+        raise UsageError("--manual writes the versions for another tool; it takes no --strategy")
+    if params and not strategy:
+        raise UsageError("--param needs --strategy")
+    require_filter()
+    top = str(git.toplevel())
+    prefix = git.show_prefix()
+    forced = check_choice(strategy, params, "--strategy") if strategy else None
+    conflicted = _stages(top)
+    targets = [os.path.normpath(prefix + p) for p in paths] if paths else sorted(conflicted)
+    if not targets:
+        raise UsageError("no conflicted paths: `git theta merge` resolves a merge's conflicts")
+    for path in targets:
+        if path not in conflicted:
+            raise UsageError(f"{escape(path)}: not in conflict (no merge stages in the index)")
+    repo = Repo(top)
+    try:
+        for path in targets:
+            _resolve(path, conflicted[path], repo, top, forced, manual)
+    finally:
+        repo.close()
+    return 0
+
+
+def _resolve(
+    path: str,
+    stages: dict[int, tuple[str, str]],
+    repo: Repo,
+    top: str,
+    forced: Choice | None,
+    manual: bool,
+) -> None:
+    from git_theta import git
+    from git_theta.proc import run
+
+    if 2 not in stages or 3 not in stages:
+        raise ThetaError(
+            f"{escape(path)}: deleted on one side and changed on the other; `git rm` or "
+            "`git add` it to resolve"
+        )
+    versions: dict[int, Manifest] = {
+        s: _blob_manifest(stages[s][1], top, f"{escape(path)} (stage {s})")
+        for s in (1, 2, 3)
+        if s in stages
+    }
+    full = os.path.join(top, path)
+    if manual:
+        ensure_excluded(top)
+        for side, dest in zip(SIDES, manual_paths(path), strict=True):
+            manifest = versions.get(SIDES.index(side) + 1)
+            if manifest is not None:
+                _write_checkpoint(os.path.join(top, dest), manifest, dest, repo, top)
+                sys.stderr.write(f"git-theta: wrote {escape(dest)} ({side})\n")
+        sys.stderr.write(
+            f"git-theta: write the merged checkpoint to {escape(path)}, `git add {escape(path)}`"
+            f" and delete the {MANUAL_SUFFIX}* files\n"
+        )
+        return
+    result = _merge(path, versions.get(1), versions[2], versions[3], repo, forced, True)
+    if result.conflicts:
+        raise MergeConflictError(_conflict_message(path, result).removeprefix("git-theta: "))
+    data = result.manifest.to_bytes()
+    blob = git.git("hash-object", "-w", "--stdin", cwd=top, stdin=data).decode().strip()
+    _write_checkpoint(full, result.manifest, path, repo, top)
+    mode = stages[2][0]
+    run("git", "update-index", "--cacheinfo", f"{mode},{blob},{path}", cwd=top)
+    # With our filter on, git hashes the file once and records its stat data, so
+    # `git status` shows it staged, not modified.
+    run("git", "update-index", "-q", "--refresh", "--", path, cwd=top, check=False)
+    for stale in manual_paths(path):
+        if os.path.isfile(os.path.join(top, stale)):
+            os.unlink(os.path.join(top, stale))
+    sys.stderr.write(_summary(path, result))
+    sys.stderr.write(f"git-theta: {escape(path)}: merged and staged\n")
