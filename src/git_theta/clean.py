@@ -22,6 +22,7 @@ from git_theta.protocol.filter_process import Sink, Source
 from git_theta.store import ObjectStore
 
 if TYPE_CHECKING:
+    from git_theta.identity import Candidate, Known
     from git_theta.updates.base import UpdateType
 
 _PEEK = SNIFF_MAX
@@ -103,11 +104,15 @@ def clean(
     previous: Manifest | None,
     show_progress: bool | None = None,
     update_for: Callable[[str], UpdateType | str] | None = None,
-) -> None:
-    """Read a checkpoint from ``source`` and write its manifest to ``sink``.
+    known: Known | None = None,
+) -> Manifest | None:
+    """Read a checkpoint from ``source`` and write its manifest to ``sink``; return the
+    manifest (None when the input was passed through).
 
     A manifest given as input is passed through unchanged (a file checked out without
-    its weights). Raises CheckpointError for a truncated, corrupt or unknown file.
+    its weights). ``known``: the other files' tensors (identity.py), for tensors that
+    ``previous`` (the path's staged manifest) does not explain. Raises CheckpointError
+    for a truncated, corrupt or unknown file.
     """
     head = source.read(_PEEK)
     while len(head) < _PEEK:
@@ -119,7 +124,7 @@ def clean(
         # A manifest (a file checked out without its weights), or a Git LFS pointer (a
         # version from before git-theta tracked the path, left unsmudged): kept as it is.
         sink.write(head + source.read())
-        return
+        return None
     fmt = detect(head, path)
     if fmt.needs_seek:
         # An index at the end (zip): spool to a temporary file, find the spans there, then
@@ -132,9 +137,8 @@ def clean(
             spans = file_spans(fmt, spool, size)  # checked: shapes, lengths, order
             spool.seek(0)
             reader = _Reader(b"", spool)
-            _clean_spans(reader, bytearray(), spans, fmt.key, sink, path, store, previous,
-                         show_progress, update_for)  # fmt: skip
-        return
+            return _clean_spans(reader, bytearray(), spans, fmt.key, sink, path, store,
+                                previous, show_progress, update_for, known)  # fmt: skip
     reader = _Reader(head, source)
     glue = bytearray()
 
@@ -144,8 +148,8 @@ def clean(
         return bytes(data)
 
     spans = header_spans(fmt, read_header)  # checked: shapes, lengths, order
-    _clean_spans(reader, glue, spans, fmt.key, sink, path, store, previous, show_progress,
-                 update_for)  # fmt: skip
+    return _clean_spans(reader, glue, spans, fmt.key, sink, path, store, previous,
+                        show_progress, update_for, known)  # fmt: skip
 
 
 def _copy(source: Source, dest: IO[bytes]) -> int:
@@ -170,9 +174,10 @@ def _clean_spans(
     previous: Manifest | None,
     show_progress: bool | None,
     update_for: Callable[[str], UpdateType | str] | None,
-) -> None:
+    known: Known | None,
+) -> Manifest:
     """Store the tensors at ``spans`` (read in order from ``reader``, whose bytes so far
-    are ``glue``) and write the manifest."""
+    are ``glue``), write the manifest and return it."""
     layout: list[int | str] = []
 
     def add_glue(data: bytes | bytearray) -> None:
@@ -205,12 +210,32 @@ def _clean_spans(
         # deleted store) is stored again from the file rather than committed broken.
         return chain is not None and all(store.has(link.ref) for link in chain)
 
+    def verify(cand: Candidate) -> bool:
+        """Whether the entry rebuilds to its recorded hash from local objects."""
+        try:
+            codec.recycle(chains.rebuild(cand.name, cand.entry, store))
+        except ThetaError:
+            return False
+        return True
+
+    def from_elsewhere(digest: str, span: TensorSpan, own: bool) -> tuple[Link, ...] | None:
+        """A chain of another known file holding exactly these bytes, checked. The index
+        and HEAD are read for it only when the path's own manifest lacks the name (a
+        moved tensor, a new file): an in-place change rarely matches another file."""
+        if known is None:
+            return None
+        for cand in known.same_content(digest, span.dtype, path, load=not own):
+            if reusable(cand.entry.chain) and known.checked(cand, verify):
+                return cand.entry.chain
+        return None
+
     def encode(job: _Job) -> TensorEntry:
         span = job.span
         digest = content_hash(job.data)
         prev = previous.tensors.get(span.name) if previous is not None else None
         # The tensor's own staged entry first, so re-cleaning gives the same manifest;
-        # then any staged tensor with these bytes (a rename, a tied copy).
+        # then any staged tensor with these bytes (a rename, a tied copy); then the other
+        # files of the checkpoint set (a re-shard, .bin beside .safetensors).
         merge = None
         if prev is not None and (prev.hash, prev.dtype) == (digest, span.dtype):
             chain: tuple[Link, ...] | None = prev.chain
@@ -219,14 +244,19 @@ def _clean_spans(
             merge = prev.merge if prev.shape == span.shape else None
         else:
             chain = reuse.get((digest, span.dtype))
+            if not reusable(chain):
+                chain = from_elsewhere(digest, span, prev is not None)
         if not reusable(chain):
+            if prev is None and known is not None:
+                # Moved and changed: a change against its value in the file it left.
+                prev = known.previous(span.name, span.dtype, span.shape, path)
 
             def load_previous() -> bytearray | None:
                 assert prev is not None
                 try:
                     return chains.rebuild(span.name, prev, store)
                 except ThetaError:
-                    return None  # objects not local: store a dense value instead
+                    return None  # objects not local (or lying): store a dense value
 
             chain = chains.store_value(
                 job.data,
@@ -263,3 +293,6 @@ def _clean_spans(
         tensors=tensors,
     )
     sink.write(manifest.to_bytes())
+    if known is not None:
+        known.written(path, manifest)
+    return manifest

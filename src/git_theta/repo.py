@@ -9,6 +9,7 @@ from git_theta import git
 from git_theta.store import ObjectStore
 
 if TYPE_CHECKING:  # imported where used: the filter answers git's handshake first
+    from git_theta.identity import Known
     from git_theta.manifest import Manifest
     from git_theta.transfer import Downloader
 
@@ -18,6 +19,7 @@ class Repo:
 
     def __init__(self, cwd: str | None = None):
         self.cwd = cwd
+        self._parsed: dict[str, Manifest | None] = {}  # blob id -> manifest (None: invalid)
 
     @cached_property
     def store(self) -> ObjectStore:
@@ -46,3 +48,33 @@ class Repo:
             return parse(blob)
         except ManifestError:
             return None
+
+    def _parse_blob(self, oid: str, data: bytes) -> Manifest | None:
+        """The manifest in blob ``oid``, parsed once per process; None when it is invalid
+        (a hostile or newer one: identity ignores it)."""
+        from git_theta.errors import ManifestError
+        from git_theta.manifest import parse
+
+        if oid not in self._parsed:
+            try:
+                self._parsed[oid] = parse(data)
+            except ManifestError:
+                self._parsed[oid] = None
+        return self._parsed[oid]
+
+    @cached_property
+    def known(self) -> Known:
+        """The tensors of the other manifests of this repository (the index's, HEAD's,
+        and those this process writes), read when a clean first needs them."""
+        from git_theta.history import identity_blobs
+        from git_theta.identity import Known
+
+        def load(near: str) -> list[tuple[int, str, Manifest]]:
+            found = []
+            for source, path, oid, data in identity_blobs(near, self.cwd):
+                manifest = self._parse_blob(oid, data)
+                if manifest is not None:
+                    found.append((source, path, manifest))
+            return found
+
+        return Known(load)

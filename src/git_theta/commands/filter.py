@@ -30,7 +30,7 @@ def _handlers(repo: Repo) -> dict[str, Handler]:
         if not policies:  # read once per process, and only when something is added
             policies.append(load_policy(os.getcwd()))
         previous = repo.staged_manifest(path)
-        clean(source, sink, path, repo.store, previous, update_for=policies[0])
+        clean(source, sink, path, repo.store, previous, update_for=policies[0], known=repo.known)
 
     skip = env_flag("GIT_THETA_SKIP_SMUDGE")
 

@@ -1,0 +1,149 @@
+"""Tensor identity across the files of a checkpoint set.
+
+A checkpoint set is more than one file: ``save_pretrained`` shards (and re-shards from one
+save to the next), a model saved as ``.bin`` beside ``.safetensors``, shards renamed. When
+clean meets a tensor that its own path's staged manifest does not explain, it asks here:
+
+- ``same_content``: an entry of any known manifest with these exact bytes (hash and
+  dtype), so the tensor costs a hash, not an encode, wherever it moved;
+- ``previous``: the value this tensor name had elsewhere (same dtype and shape), so a
+  tensor that moved and changed is stored as a change against it.
+
+Known manifests, in order of preference: those this process wrote (one ``git add`` of
+several files), then the index's, then HEAD's; within each, the cleaned file's own
+directory first (two models in two directories may both have ``lm_head.weight``). A
+previous value from an unrelated model only costs size: the update is encoded against
+bytes rebuilt and verified by hash, and applies exactly. An entry whose content is
+reused is rebuilt and checked against its hash once per process, unless this process
+wrote it: a committed manifest may lie about what its objects hold.
+
+Loading happens at most once per process and only when needed (``Known`` is lazy); its
+inputs are capped (``history.identity_manifests``), and a manifest that does not parse
+is ignored.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import threading
+from collections.abc import Callable, Iterable
+from typing import NamedTuple
+
+from git_theta.manifest import Link, Manifest, TensorEntry
+
+# Sources, in order of preference (lower first).
+WRITTEN, INDEX, HEAD = 0, 1, 2
+
+
+class Candidate(NamedTuple):
+    """A known tensor entry and where it came from."""
+
+    rank: tuple[int, int, str]  # (other directory?, source, path): lower is preferred
+    path: str
+    name: str
+    entry: TensorEntry
+    trusted: bool  # written by this process: its chain needs no check
+
+
+def _rank(path: str, source: int, near: str) -> tuple[int, int, str]:
+    return (0 if posixpath.dirname(path) == near else 1, source, path)
+
+
+class Known:
+    """The tensors of the manifests a clean may reuse, loaded on first use."""
+
+    def __init__(self, load: Callable[[str], Iterable[tuple[int, str, Manifest]]]):
+        """``load(directory)``: (source, path, manifest) of the index and HEAD, those in
+        ``directory`` (of the first path that needs them) first when they are capped."""
+        self._load = load
+        self._lock = threading.Lock()
+        self._loaded = False
+        # (path, source) -> manifest; this process's writes replace the index's view.
+        self._manifests: dict[tuple[str, int], Manifest] = {}
+        self._by_hash: dict[tuple[str, str], list[tuple[int, str, str]]] = {}
+        self._by_name: dict[str, list[tuple[int, str]]] = {}
+        self._verified: set[tuple[str, tuple[Link, ...]]] = set()
+
+    def _ensure(self, path: str) -> None:
+        with self._lock:
+            if self._loaded:
+                return
+            self._loaded = True
+            for source, other, manifest in self._load(posixpath.dirname(path)):
+                self._index(source, other, manifest)
+
+    def _index(self, source: int, path: str, manifest: Manifest) -> None:
+        key = (path, source)
+        if key in self._manifests:
+            return
+        self._manifests[key] = manifest
+        for name, entry in manifest.tensors.items():
+            self._by_hash.setdefault((entry.hash, entry.dtype), []).append((source, path, name))
+            self._by_name.setdefault(name, []).append((source, path))
+
+    def written(self, path: str, manifest: Manifest) -> None:
+        """Record a manifest this process wrote for ``path`` (its chains are trusted)."""
+        with self._lock:
+            self._manifests.pop((path, WRITTEN), None)
+            self._index(WRITTEN, path, manifest)
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the index and HEAD have been read (else only this process's writes)."""
+        return self._loaded
+
+    def _candidates(
+        self, found: Iterable[tuple[int, str, str]], near: str, skip: str
+    ) -> list[Candidate]:
+        out = []
+        for source, path, name in found:
+            if path == skip and source != WRITTEN:
+                continue  # the path's own staged manifest: the caller looked there first
+            manifest = self._manifests.get((path, source))
+            entry = manifest.tensors.get(name) if manifest is not None else None
+            if entry is not None:
+                out.append(Candidate(_rank(path, source, near), path, name, entry,
+                                     source == WRITTEN))  # fmt: skip
+        out.sort(key=lambda c: (c.rank, c.name))
+        return out
+
+    def same_content(
+        self, digest: str, dtype: str, path: str, load: bool = True
+    ) -> list[Candidate]:
+        """Return the known entries holding exactly these bytes (blake3 ``digest``,
+        ``dtype``), preferred first; the index and HEAD are read first if ``load``."""
+        if load:
+            self._ensure(path)
+        with self._lock:
+            found = dict.fromkeys(self._by_hash.get((digest, dtype), ()))
+            cands = self._candidates(found, posixpath.dirname(path), path)
+        # A path written twice keeps its first tensors' keys: check what they hold now.
+        return [c for c in cands if (c.entry.hash, c.entry.dtype) == (digest, dtype)]
+
+    def previous(
+        self, name: str, dtype: str, shape: tuple[int, ...], path: str
+    ) -> TensorEntry | None:
+        """Return the entry tensor ``name`` had in another known file (same dtype and
+        shape), the preferred one; None when no file has it."""
+        self._ensure(path)
+        with self._lock:
+            found = [(source, p, name) for source, p in dict.fromkeys(self._by_name.get(name, ()))]
+            for cand in self._candidates(found, posixpath.dirname(path), path):
+                if cand.entry.dtype == dtype and cand.entry.shape == shape:
+                    return cand.entry
+        return None
+
+    def checked(self, cand: Candidate, verify: Callable[[Candidate], bool]) -> bool:
+        """Whether ``cand``'s chain may be reused: trusted, checked before in this
+        process, or ``verify()`` (rebuilds it and compares its hash) says so now."""
+        if cand.trusted:
+            return True
+        key = (cand.entry.hash, cand.entry.chain)
+        with self._lock:
+            if key in self._verified:
+                return True
+        if not verify(cand):
+            return False
+        with self._lock:
+            self._verified.add(key)
+        return True
