@@ -46,5 +46,9 @@ def show(spec: str) -> int:
         e = m.tensors[name]
         chain = " + ".join(f"{link.update} {link.ref.size:,} B" for link in e.chain)
         shape = ", ".join(map(str, e.shape))
-        sys.stdout.write(f"{escape(name)}\t{e.dtype}\t[{shape}]\t{chain}\t{e.hash[:12]}\n")
+        merged = ""
+        if e.merge is not None:  # how a merge made this value (strategy, params, seed)
+            params = " ".join(f"{k}={v}" for k, v in e.merge.params)
+            merged = "\tmerged: " + escape(f"{e.merge.strategy} {params}".rstrip())
+        sys.stdout.write(f"{escape(name)}\t{e.dtype}\t[{shape}]\t{chain}\t{e.hash[:12]}{merged}\n")
     return 0
