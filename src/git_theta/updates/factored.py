@@ -18,10 +18,11 @@ import json
 import math
 import struct
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from git_theta import codec, kernels
+from git_theta.display import escape
 from git_theta.dtypes import FLOAT_KINDS, lookup
 from git_theta.errors import ObjectCorruptError, UsageError
 from git_theta.updates.base import Buffer, Payload, UpdateType
@@ -29,9 +30,9 @@ from git_theta.updates.delta import _UNSIGNED, _size, _unzigzag, _zigzag
 from git_theta.updates.layout import layout_for
 
 if TYPE_CHECKING:  # NumPy loads when needed: a checkout through the C kernel never does
-    from pathlib import Path
-
     import numpy as np
+
+    from git_theta.updates.peft_adapter import Found
 
 MAGIC = b"GTFX"
 _LEN = struct.Struct("<I")
@@ -53,9 +54,33 @@ class Factor(NamedTuple):
 
 
 class Inputs(NamedTuple):
+    """One update described by factors: low-rank ``(R, C)`` or ia3 ``(vector,)``.
+
+    ``transpose``: the change is ``(R @ C).T`` (PEFT's fan_in_fan_out; for ia3 the
+    vector's 2-D shape is transposed). ``broadcast``: an ia3 vector broadcasts to the
+    tensor by its own shape (NumPy's rule) rather than by its length. ``rounding``:
+    how the new value is computed from the factors (``ROUNDINGS``). The defaults are
+    what a payload without these keys means, so older objects read as they were written.
+    """
+
     kind: str  # "low-rank" or "ia3"
     factors: tuple[Factor, ...]  # (R, C) or (vector,)
     scale: float = 1.0
+    transpose: bool = False
+    broadcast: bool = False
+    rounding: str = "f64"
+
+
+# How a value is computed from its factors; both are exact, deterministic definitions
+# (elementwise IEEE operations only, no BLAS), so every machine rebuilds the same bits:
+# - "f64": the change summed in float64 one rank at a time, added to the previous value
+#   in float64, rounded once to the tensor's dtype (the first definition);
+# - "steps": the way torch computes ``W += (B @ A) * scale`` (peft's merge) and NumPy
+#   ``W + scale * (R @ C)`` in float32: the product accumulated rank by rank as fused
+#   multiply-adds rounded to float32 (torch's CPU matmul for LoRA ranks), times the scale
+#   rounded to float32, rounded to the tensor's dtype when the factors have it (peft
+#   casts a 16-bit delta back), added in float32 and rounded to the tensor's dtype.
+ROUNDINGS = ("f64", "steps")
 
 
 def _to_dtype(values: np.ndarray, dtype: str) -> bytes:
@@ -77,14 +102,81 @@ _CODES = FLOAT_KINDS  # _planes.factored's dtype codes
 _SIZES = (4, 8, 2, 2)  # bytes per value, by code
 
 
+def _plain(inputs: Inputs) -> bool:
+    """True when ``inputs`` use the first definition (what the C kernel computes)."""
+    return not (inputs.transpose or inputs.broadcast) and inputs.rounding == "f64"
+
+
+def matrix_shape(
+    kind: str, factor_shapes: list[tuple[int, ...]], shape: tuple[int, ...], transpose: bool,
+    broadcast: bool,
+) -> tuple[int, int, int] | None:  # fmt: skip
+    """How factors of ``factor_shapes`` apply to a tensor of ``shape``: (stack, rows, cols)
+    of the matrices they change (the tensor viewed as ``stack`` matrices of rows x cols,
+    in C order), or None when they do not fit it.
+
+    Low-rank: 2-D ``R`` (m, k) and ``C`` (k, n) change the tensor viewed as (shape[0],
+    the rest), so a conv kernel (out, in, kh, kw) takes PEFT's (out, r) @ (r, in*kh*kw);
+    with ``transpose`` the tensor is (n, m). Factors of 3+ dimensions are a stack of
+    matrices over the leading dimensions, as git-theta's predecessor applied ``R @ C``:
+    ``R`` (*lead, m, k), ``C`` (*lead, k, n) for a tensor (*lead, m, n). Ia3: a vector of
+    the rows' or the columns' length of a 2-D tensor, or with ``broadcast`` a shape that
+    broadcasts to the tensor's (of a 1-D tensor: its length).
+    """
+    size = math.prod(shape)
+    if kind == "ia3":
+        if len(factor_shapes) != 1:
+            return None
+        f = factor_shapes[0]
+        if not broadcast:
+            if len(shape) == 2 and math.prod(f) in shape:
+                return 1, shape[0], shape[1]
+            return None
+        if len(shape) == 1:
+            return (1, 1, shape[0]) if math.prod(f) == shape[0] else None
+        if transpose:
+            if len(f) != 2:
+                return None
+            f = (f[1], f[0])
+        while len(f) > len(shape) and f[0] == 1:
+            f = f[1:]
+        if len(f) > len(shape) or not shape:
+            return None
+        if not all(d in (1, t) for d, t in zip(reversed(f), reversed(shape), strict=False)):
+            return None
+        return 1, shape[0], size // shape[0] if shape[0] else 0
+    if len(factor_shapes) != 2 or len(shape) < 2:
+        return None
+    r, c = factor_shapes
+    if len(r) != len(c) or len(r) < 2 or r[-1] != c[-2] or r[-1] == 0:
+        return None
+    m, n = r[-2], c[-1]
+    rank = r[-1]
+    if len(r) == 2:
+        if transpose:
+            fits = len(shape) == 2 and shape == (n, m)
+            rows, cols = n, m
+        else:
+            fits = shape[0] == m and size == m * n
+            rows, cols = m, n
+        stack = 1
+    else:
+        fits = not transpose and r[:-2] == c[:-2] == shape[:-2] and shape[-2:] == (m, n)
+        stack, rows, cols = math.prod(shape[:-2]), m, n
+    if not fits or rank > max(min(rows, cols), _RANK_SLACK):
+        return None
+    return stack, rows, cols
+
+
 def reproduce(prev: Buffer, dtype: str, shape: tuple[int, ...], inputs: Inputs) -> bytes | None:
     """The new value the factors describe, or None when they do not fit the tensor.
 
-    The C kernel computes it where it can (float dtypes, no NaN among the inputs), with
-    the same operations in the same order as ``reproduce_numpy``, the definition.
+    The C kernel computes the first definition where it can (2-D, float dtypes, no NaN
+    among the inputs), with the same operations in the same order as
+    ``reproduce_numpy``, the definition.
     """
     native = kernels.native
-    if native is not None and len(shape) == 2 and dtype in _CODES:
+    if native is not None and len(shape) == 2 and dtype in _CODES and _plain(inputs):
         codes = [_CODES.get(f.dtype) for f in inputs.factors]
         rows, cols = shape
         a = inputs.factors[0]
@@ -113,61 +205,136 @@ def reproduce(prev: Buffer, dtype: str, shape: tuple[int, ...], inputs: Inputs) 
     return reproduce_numpy(prev, dtype, shape, inputs)
 
 
+def _round32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a + b`` rounded once to float32 (as float64 values), for float64 ``a`` exact
+    products of float32 values and float32 ``b``: a fused multiply-add. The float64 sum
+    may itself be rounded; its exact error (TwoSum) settles the float32 ties that
+    double rounding would get wrong."""
+    import numpy as np
+
+    s = a + b
+    bb = s - a
+    err = (a - (s - bb)) + (b - bb)
+    t = s.astype(np.float32)
+    up = np.nextafter(t, np.float32(np.inf))
+    down = np.nextafter(t, np.float32(-np.inf))
+    t64 = t.astype(np.float64)
+    t = np.where((s == (t64 + up) / 2) & (err > 0), up, t)
+    t = np.where((s == (t64 + down) / 2) & (err < 0), down, t)
+    out: np.ndarray = t.astype(np.float64)
+    return out
+
+
+def _product(r: np.ndarray, c: np.ndarray, rounding: str) -> np.ndarray:
+    """``r @ c`` (2-D float64 arrays of float32-or-narrower values) by ``rounding``."""
+    import numpy as np
+
+    out = np.zeros((r.shape[0], c.shape[1]))
+    for k in range(r.shape[1]):  # one rank at a time: elementwise, so exact everywhere
+        term = np.multiply.outer(r[:, k], c[k, :])
+        out = _round32(term, out) if rounding == "steps" else out + term
+    return out
+
+
 def reproduce_numpy(
     prev: Buffer, dtype: str, shape: tuple[int, ...], inputs: Inputs
 ) -> bytes | None:
-    """The definition of ``reproduce``, in NumPy float64."""
+    """The definition of ``reproduce``, in NumPy (see ``ROUNDINGS``)."""
     import numpy as np
 
     from git_theta.values import as_float64
 
     base = as_float64(prev, dtype)
-    if base is None or len(shape) != 2:
+    if base is None or not shape or inputs.rounding not in ROUNDINGS:
         return None
-    rows, cols = shape
-    base = base.reshape(rows, cols)
-    if inputs.kind == "low-rank":
-        r, c = (f.values() for f in inputs.factors)
-        if r.ndim != 2 or c.ndim != 2 or r.shape[0] != rows or c.shape[1] != cols:
+    steps = inputs.rounding == "steps"
+    if steps and (dtype == "F64" or any(f.dtype == "F64" for f in inputs.factors)):
+        return None  # float32 arithmetic cannot hold these values
+    if inputs.kind == "ia3" and not inputs.broadcast:
+        if len(shape) != 2:
             return None
-        if r.shape[1] != c.shape[0]:
-            return None
-        change = np.zeros((rows, cols))
-        for k in range(r.shape[1]):  # one rank at a time: elementwise, so exact everywhere
-            change += np.multiply.outer(r[:, k], c[k, :])
+        rows, cols = shape
+        base = base.reshape(rows, cols)
+        vector = inputs.factors[0].values().reshape(-1)
+        if vector.size == rows:
+            return _to_dtype(base * vector[:, None], dtype)
+        if vector.size == cols:
+            return _to_dtype(base * vector[None, :], dtype)
+        return None
+    view = matrix_shape(
+        inputs.kind, [f.shape for f in inputs.factors], shape, inputs.transpose,
+        inputs.broadcast,
+    )  # fmt: skip
+    if view is None:
+        return None
+    if inputs.kind == "ia3":
+        vector = inputs.factors[0].values()
+        if len(shape) == 1:
+            vector = vector.reshape(-1)
+        elif inputs.transpose:
+            vector = vector.T
+        scaled = base.reshape(shape) * vector  # exact in float64: one rounding below
+        if steps:
+            scaled = scaled.astype(np.float32).astype(np.float64)
+        return _to_dtype(scaled.reshape(-1), dtype)
+    stack, rows, cols = view
+    r, c = (f.values() for f in inputs.factors)
+    r = r.reshape(stack, r.shape[-2], r.shape[-1])
+    c = c.reshape(stack, c.shape[-2], c.shape[-1])
+    change = np.stack([_product(r[i], c[i], inputs.rounding) for i in range(stack)])
+    if inputs.transpose:
+        change = change.transpose(0, 2, 1)
+    change = change.reshape(-1)
+    if not steps:
         return _to_dtype(base + inputs.scale * change, dtype)
-    vector = inputs.factors[0].values().reshape(-1)
-    if vector.size == rows:
-        return _to_dtype(base * vector[:, None], dtype)
-    if vector.size == cols:
-        return _to_dtype(base * vector[None, :], dtype)
-    return None
+    scale = float(np.float32(inputs.scale))
+    delta = (change * scale).astype(np.float32).astype(np.float64)  # exact product, one rounding
+    if dtype in ("F16", "BF16") and all(f.dtype == dtype for f in inputs.factors):
+        narrowed = as_float64(_to_dtype(delta, dtype), dtype)
+        assert narrowed is not None  # F16 and BF16 widen
+        delta = narrowed
+    return _to_dtype(_round32(base, delta), dtype)
 
 
 class Factored(UpdateType):
-    """Shared by low-rank and ia3; ``inputs`` maps tensor names to their factors."""
+    """Shared by low-rank and ia3; ``inputs`` maps tensor names to their factors (one
+    ``Inputs``, or several candidates of which the one reproducing the file best is
+    stored), ``refused`` tensor names to why their factors are not used."""
 
     codec = "gtfx1"
     kind = ""
 
-    def __init__(self, inputs: dict[str, Inputs] | None = None):
-        self.inputs = inputs or {}
+    def __init__(
+        self,
+        inputs: Mapping[str, Inputs | Sequence[Inputs]] | None = None,
+        refused: Mapping[str, str] | None = None,
+    ):
+        self.inputs = dict(inputs or {})
+        self.refused = dict(refused or {})
 
     def with_inputs(self, path: str) -> UpdateType:
-        from pathlib import Path  # an add with factors; checkouts of these chains skip it
+        found = load_factors(path)
+        inputs = {
+            name: [c for c in options if c.kind == self.kind]
+            for name, options in found.candidates.items()
+        }
+        inputs = {name: options for name, options in inputs.items() if options}
+        if not inputs and not found.refused:
+            raise UsageError(f"--update-path {path}: no {self.kind} factors found in it")
+        return type(self)(inputs, found.refused)
 
-        found = {k: v for k, v in load_inputs(Path(path)).items() if v.kind == self.kind}
-        if not found:
-            raise UsageError(f"{path}: no {self.kind} factors found")
-        return type(self)(found)
-
-    def _find(self, name: str) -> Inputs | None:
-        if name in self.inputs:
-            return self.inputs[name]
-        for key, value in self.inputs.items():  # adapters often add or drop a prefix
-            if key.endswith("." + name) or name.endswith("." + key):
-                return value
-        return None
+    def _find(self, name: str) -> tuple[str, list[Inputs]]:
+        """(the key the factors are filed under, the candidates) for tensor ``name``."""
+        found = self.inputs.get(name)
+        key = name
+        if found is None:
+            for other, value in self.inputs.items():  # adapters often add or drop a prefix
+                if other.endswith("." + name) or name.endswith("." + other):
+                    key, found = other, value
+                    break
+        if found is None:
+            return name, []
+        return key, [found] if isinstance(found, Inputs) else list(found)
 
     def encode(self, new: Buffer, prev: Buffer | None, dtype: str) -> list[bytes] | None:
         return None  # needs the tensor's name: see pick
@@ -184,23 +351,40 @@ class Factored(UpdateType):
     ) -> tuple[str, list[bytes] | None]:
         from git_theta.updates.auto import Auto
 
-        inputs = self._find(name)
-        guess = None
-        if inputs is not None and prev is not None and dtype in FLOATS:
-            guess = reproduce(prev, dtype, shape, inputs)
-        if guess is None or len(guess) != len(new):
-            # No factors for this tensor (or they do not fit it): store it the best way.
+        def as_auto() -> tuple[str, list[bytes] | None]:
             return Auto().pick(new, prev, dtype, dense, dense_estimate, name, shape)
+
+        shown = escape(name)
+        key, candidates = self._find(name)
+        if not candidates:
+            why = self.refused.get(key) or next(
+                (v for k, v in self.refused.items() if k.endswith("." + name)), None
+            )
+            if why is not None:
+                sys.stderr.write(f"git-theta: {shown}: {why}\n")
+            return as_auto()  # no factors for this tensor: store it the best way
+        if prev is None or dtype not in FLOATS:
+            return as_auto()
+        best = best_fit(new, prev, dtype, shape, candidates)
+        if best is None:
+            given = " or ".join(
+                dict.fromkeys(" x ".join(str(list(f.shape)) for f in c.factors) for c in candidates)
+            )
+            sys.stderr.write(
+                f"git-theta: warning: {shown}: {self.kind} factors {given} do not fit the "
+                f"tensor {list(shape)} {dtype}; stored as auto would\n"
+            )
+            return as_auto()
+        inputs, guess = best
         error = _max_error(new, guess, dtype)
         sys.stderr.write(
-            f"git-theta: {name}: {self.kind} factors reproduce the file within {error:.3g} "
+            f"git-theta: {shown}: {self.kind} factors reproduce the file within {error:.3g} "
             "(max abs); the rest is stored exactly as a correction\n"
         )
-        assert inputs is not None
         size = _size(dtype)
         correction = codec.encode(_zigzag(new, guess, size).tobytes(), codec.Layout(size))
         blobs = [b"".join(codec.encode(f.raw, layout_for(f.dtype))) for f in inputs.factors]
-        header = {
+        header: dict[str, object] = {
             "kind": self.kind,
             "scale": inputs.scale,
             "factors": [
@@ -209,6 +393,13 @@ class Factored(UpdateType):
             ],
             "shape": list(shape),
         }
+        # Written only when not the default: objects of the first definition keep their bytes.
+        if inputs.transpose:
+            header["transpose"] = True
+        if inputs.broadcast:
+            header["broadcast"] = True
+        if inputs.rounding != "f64":
+            header["rounding"] = inputs.rounding
         text = json.dumps(header, sort_keys=True).encode()
         return self.key, [MAGIC, _LEN.pack(len(text)), text, *blobs, *correction]
 
@@ -239,6 +430,56 @@ class Factored(UpdateType):
         import numpy as np
 
         return _unzigzag(np.frombuffer(correction, dtype=_UNSIGNED[size]), guess, size)
+
+
+def best_fit(
+    new: Buffer, prev: Buffer, dtype: str, shape: tuple[int, ...], candidates: Sequence[Inputs]
+) -> tuple[Inputs, bytes] | None:
+    """The candidate (with the rounding) whose reproduction of ``new`` from ``prev``
+    differs from it in the fewest elements, and that reproduction; None when none fits.
+    Ties go to the earlier candidate and to the first definition, so what was stored
+    before is stored the same way again."""
+    import numpy as np
+
+    word = _UNSIGNED[_size(dtype)]
+    target = np.frombuffer(new, dtype=word)
+    best: tuple[int, Inputs, bytes] | None = None
+    for candidate in candidates:
+        for rounding in ROUNDINGS:
+            inputs = candidate._replace(rounding=rounding)
+            guess = reproduce(prev, dtype, shape, inputs)
+            if guess is None or len(guess) != len(new):
+                continue
+            misses = int(np.count_nonzero(np.frombuffer(guess, dtype=word) != target))
+            if best is None or misses < best[0]:
+                best = (misses, inputs, guess)
+            if misses == 0:
+                return inputs, guess
+    return None if best is None else (best[1], best[2])
+
+
+def apply_update(
+    prev: Buffer, dtype: str, shape: tuple[int, ...], candidates: Inputs | Sequence[Inputs]
+) -> bytes:
+    """Previous value + update: the new value of a tensor of ``dtype`` and ``shape``
+    whose previous bytes are ``prev``, changed by low-rank factors or ia3 scales (for
+    side-loaded updates, ``--update-data``). It is computed as torch computes a merge
+    (rounding "steps", see ``ROUNDINGS``), so a later add of the result with the same
+    factors stores them with an empty correction; F64 tensors use the first definition.
+    ``candidates`` are an ``Inputs`` or what ``load_factors(path).candidates[name]``
+    holds (the first that fits is used: the order peft's settings give).
+
+    Raises UsageError when none fits the tensor.
+    """
+    options = [candidates] if isinstance(candidates, Inputs) else list(candidates)
+    roundings = ("f64",) if dtype == "F64" else ("steps", "f64")
+    for option in options:
+        for rounding in roundings:
+            value = reproduce(prev, dtype, shape, option._replace(rounding=rounding))
+            if value is not None and len(value) == len(prev):
+                return value
+    given = " or ".join(" x ".join(str(list(f.shape)) for f in o.factors) for o in options)
+    raise UsageError(f"factors {given} do not fit a tensor of {dtype} {list(shape)}")
 
 
 _MAX_HEADER = 1 << 16  # the JSON header of a payload is a few hundred bytes
@@ -273,10 +514,18 @@ def _read_payload(
         raise corrupt(f"it is not a {kind} header")
     shape = _dims(header.get("shape"))
     scale, found = header.get("scale"), header.get("factors")
-    if len(shape) != 2 or not isinstance(scale, int | float) or not isinstance(found, list):
+    transpose, broadcast = header.get("transpose", False), header.get("broadcast", False)
+    rounding = header.get("rounding", "f64")
+    if (
+        not shape
+        or not isinstance(scale, int | float)
+        or not isinstance(found, list)
+        or type(transpose) is not bool
+        or type(broadcast) is not bool
+        or rounding not in ROUNDINGS
+    ):
         raise corrupt("its header is malformed")
-    rows, cols = shape
-    if limit is not None and rows * cols > limit:  # every float dtype takes 2+ bytes
+    if limit is not None and math.prod(shape) > limit:  # every float dtype takes 2+ bytes
         raise corrupt(f"shape {list(shape)} is larger than the value")
     pos = 8 + length
     factors = []
@@ -289,13 +538,8 @@ def _read_payload(
         if type(size) is not int or size < 0:
             raise corrupt("a factor is malformed")
         factors.append((known, f_shape, size))
-    if kind == "low-rank":
-        rank = factors[0][1][-1] if len(factors) == 2 and len(factors[0][1]) == 2 else -1
-        fits = [f[1] for f in factors] == [(rows, rank), (rank, cols)]
-        fits = fits and rank <= max(min(rows, cols), _RANK_SLACK)
-    else:
-        fits = len(factors) == 1 and math.prod(factors[0][1]) in (rows, cols)
-    if not fits:
+    fits = matrix_shape(kind, [f[1] for f in factors], shape, transpose, broadcast)
+    if fits is None or (not broadcast and kind == "ia3" and len(shape) != 2):
         raise corrupt("its factors do not fit the tensor")
     out = []
     for known, f_shape, size in factors:
@@ -307,7 +551,7 @@ def _read_payload(
             raise corrupt("a factor has the wrong length")
         out.append(Factor(known.name, f_shape, bytes(raw)))
         pos += size
-    return Inputs(kind, tuple(out), float(scale)), shape, pos
+    return Inputs(kind, tuple(out), float(scale), transpose, broadcast, rounding), shape, pos
 
 
 def _dims(value: object) -> tuple[int, ...]:
@@ -359,51 +603,31 @@ class IA3(Factored):
     kind = "ia3"
 
 
-def _read_safetensors(path: Path) -> dict[str, Factor]:
-    from git_theta.formats import header_spans
-    from git_theta.formats.safetensors import SafetensorsFormat
+def load_factors(path: str) -> Found:
+    """Read the factors ``--update-path`` names: a file in any format git-theta reads
+    (safetensors, torch ``.pt``/``.bin``, npz, ...) or a PEFT adapter directory.
 
-    data = path.read_bytes()
-    pos = 0
+    Returns, per tensor name, the candidate inputs (``T/R`` + ``T/C`` low-rank, ``T/ia3``
+    ia3, PEFT LoRA and IA3 modules as ``peft_adapter`` reads them with the
+    ``adapter_config.json`` beside the file) and the tensors whose factors are refused.
+    Raises UsageError naming the file when it cannot be read.
+    """
+    from git_theta.updates.factor_files import read_tensors, resolve
+    from git_theta.updates.peft_adapter import Found, read_adapter, read_config
 
-    def read(n: int) -> bytes:
-        nonlocal pos
-        if pos + n > len(data):
-            raise UsageError(f"{path}: truncated safetensors file")
-        pos += n
-        return data[pos - n : pos]
-
-    spans = header_spans(SafetensorsFormat(), read)
-    return {s.name: Factor(s.dtype, s.shape, data[s.start : s.end]) for s in spans}
-
-
-def load_inputs(path: Path) -> dict[str, Inputs]:
-    """Read factors from a safetensors file: ``T/R`` + ``T/C`` (low-rank), ``T/ia3`` (ia3),
-    or a PEFT adapter (``lora_A``/``lora_B``, ``ia3_l``; LoRA scaled by lora_alpha / r)."""
-    if not path.is_file():
-        raise UsageError(f"--update-path {path}: no such file")
-    tensors = _read_safetensors(path)
-    out: dict[str, Inputs] = {}
+    where = resolve(path)
+    tensors = {
+        name: Factor(dtype, shape, raw) for name, (dtype, shape, raw) in read_tensors(where).items()
+    }
+    found = Found()
     for key, factor in tensors.items():
         if key.endswith("/R") and key[:-2] + "/C" in tensors:
-            out[key[:-2]] = Inputs("low-rank", (factor, tensors[key[:-2] + "/C"]))
+            found.candidates.setdefault(key[:-2], []).append(
+                Inputs("low-rank", (factor, tensors[key[:-2] + "/C"]))
+            )
         elif key.endswith("/ia3"):
-            out[key[:-4]] = Inputs("ia3", (factor,))
-    lora = {k: v for k, v in tensors.items() if ".lora_A." in k}
-    if lora:
-        config_path = path.with_name("adapter_config.json")
-        config = json.loads(config_path.read_text()) if config_path.exists() else {}
-        for key, a in lora.items():
-            b = tensors.get(key.replace(".lora_A.", ".lora_B."))
-            if b is None:
-                continue
-            rank = a.shape[0]
-            alpha = float(config.get("lora_alpha", rank))
-            scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
-            target = key.removeprefix("base_model.model.").replace(".lora_A.", ".")
-            out[target] = Inputs("low-rank", (b, a), scale)
-    for key, factor in tensors.items():
-        if ".ia3_l." in key:
-            target = key.removeprefix("base_model.model.").replace(".ia3_l.", ".")
-            out[target] = Inputs("ia3", (factor,))
-    return out
+            vector = Inputs("ia3", (factor,), broadcast=len(factor.shape) > 2)
+            found.candidates.setdefault(key[:-4], []).append(vector)
+    if any(".lora_" in k or ".ia3_l" in k for k in tensors):
+        read_adapter(tensors, read_config(where), found)
+    return found

@@ -1,0 +1,82 @@
+"""Reading the tensors of a factors file (``--update-path``) in any format git-theta reads.
+
+A factors file is read the way a checkpoint is (format detection, the same parsers, the
+same checks of every span), so a ``.pt``/``.bin`` adapter is read through the pickle
+reader that runs nothing, never ``torch.load``. Every failure names the factors file.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from typing import TYPE_CHECKING
+
+from git_theta.errors import ThetaError, UsageError
+
+if TYPE_CHECKING:
+    from git_theta.formats.base import TensorSpan
+
+# The names a PEFT ``save_pretrained`` directory holds its adapter under, preferred first.
+ADAPTER_FILES = ("adapter_model.safetensors", "adapter_model.bin")
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def resolve(path: str) -> str:
+    """Return the factors file ``path`` names: itself, or for a directory the PEFT adapter
+    file in it. Raises UsageError (naming ``path``) when there is none."""
+    if os.path.isdir(path):
+        for name in ADAPTER_FILES:
+            candidate = os.path.join(path, name)
+            if os.path.isfile(candidate):
+                return candidate
+        raise UsageError(
+            f"--update-path {path}: a directory without {' or '.join(ADAPTER_FILES)}; "
+            "give the factors file itself"
+        )
+    if not os.path.isfile(path):
+        raise UsageError(f"--update-path {path}: no such file")
+    return path
+
+
+def read_tensors(path: str) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
+    """Return every tensor of the file ``path`` as name -> (dtype, shape, bytes).
+
+    Raises UsageError naming the file and the cause when it is not a file git-theta
+    reads (or is corrupt).
+    """
+    from git_theta.formats import detect, file_spans, header_spans
+    from git_theta.formats.base import SNIFF_MAX
+
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size == 0:
+                raise UsageError(f"--update-path {path}: the file is empty")
+            data = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    except OSError as exc:
+        raise UsageError(f"--update-path {path}: cannot read it ({exc.strerror})") from None
+    try:
+        head = data[:SNIFF_MAX]
+        try:
+            fmt = detect(head, path)
+            if fmt.needs_seek:
+                with open(path, "rb") as fh:
+                    spans: list[TensorSpan] = file_spans(fmt, fh, size)
+            else:
+                pos = 0
+
+                def read(n: int) -> bytes:
+                    nonlocal pos
+                    if pos + n > size:
+                        raise UsageError(f"--update-path {path}: the file is truncated")
+                    pos += n
+                    return data[pos - n : pos]
+
+                spans = header_spans(fmt, read)
+        except UsageError:
+            raise
+        except ThetaError as exc:
+            raise UsageError(f"--update-path {path}: {exc}") from None
+        return {s.name: (s.dtype, s.shape, data[s.start : s.end]) for s in spans}
+    finally:
+        data.close()
