@@ -1,0 +1,131 @@
+"""Merging checkpoints in git's other ways of combining work: rebase, cherry-pick, stash
+pop, pull, octopus; and in a format other than safetensors (npy)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import git, sha256, track
+from st_files import st_from_arrays
+
+M = "m.safetensors"
+
+
+def arrays() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(5)
+    return {n: (rng.standard_normal((16, 16)) * 0.02).astype(np.float32) for n in "abc"}
+
+
+def write(repo: Path, values: dict[str, np.ndarray], name: str = M) -> None:
+    if name.endswith(".npy"):  # one tensor: "a"
+        buf = io.BytesIO()
+        np.save(buf, values["a"])
+        (repo / name).write_bytes(buf.getvalue())
+    else:
+        (repo / name).write_bytes(st_from_arrays(values))
+
+
+def commit(repo: Path, values: dict[str, np.ndarray], message: str, name: str = M) -> None:
+    write(repo, values, name)
+    git(repo, "add", name)
+    git(repo, "commit", "-q", "-m", message)
+
+
+def two_sides(repo: Path, name: str = M) -> tuple[dict[str, np.ndarray], ...]:
+    base = arrays()
+    left = {**base, "a": base["a"] + np.float32(1), "b": base["b"] + np.float32(1)}
+    right = {**base, "a": base["a"] + np.float32(3), "c": base["c"] * np.float32(2)}
+    commit(repo, base, "base", name)
+    git(repo, "checkout", "-q", "-b", "left")
+    commit(repo, left, "left", name)
+    git(repo, "checkout", "-q", "main")
+    commit(repo, right, "right", name)
+    return base, left, right
+
+
+def expected(base: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {
+        "a": base["a"] + np.float32(2),
+        "b": base["b"] + np.float32(1),
+        "c": base["c"] * np.float32(2),
+    }
+
+
+def check(values: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
+    for name, value in want.items():
+        np.testing.assert_allclose(values[name], value, atol=1e-6, err_msg=name)
+
+
+def load(path: Path) -> dict[str, np.ndarray]:
+    if path.name.endswith(".npy"):
+        return {"a": np.load(path)}
+    from safetensors.numpy import load_file
+
+    return load_file(str(path))
+
+
+@pytest.mark.slow  # ~3 s each on 2 cores: past the default run's budget
+@pytest.mark.parametrize("how", ["rebase", "cherry-pick", "pull"])
+def test_rebase_cherry_pick_and_pull_merge_with_the_configured_strategy(
+    repo: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    base, _, _ = two_sides(repo)
+    monkeypatch.setenv("GIT_THETA_MERGE_STRATEGY", "average")
+    if how == "rebase":
+        git(repo, "rebase", "-q", "left")
+    elif how == "cherry-pick":
+        git(repo, "cherry-pick", "left")
+    else:
+        git(repo, "pull", "-q", "--no-rebase", "--no-edit", ".", "left")
+    check(load(repo / M), expected(base))
+    assert git(repo, "status", "--porcelain").stdout == b""
+
+
+@pytest.mark.slow
+def test_stash_pop_merges_a_stashed_checkpoint(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    base = arrays()
+    commit(repo, base, "base")
+    write(repo, {**base, "a": base["a"] + np.float32(1), "b": base["b"] + np.float32(1)})
+    git(repo, "stash", "-q")
+    commit(repo, {**base, "a": base["a"] + np.float32(3), "c": base["c"] * np.float32(2)}, "r")
+    monkeypatch.setenv("GIT_THETA_MERGE_STRATEGY", "average")
+    git(repo, "stash", "pop", "-q")
+    check(load(repo / M), expected(base))
+
+
+def test_a_conflicting_rebase_leaves_a_whole_checkpoint_and_aborts_cleanly(repo: Path) -> None:
+    _, _, right = two_sides(repo)
+    before = sha256(repo / M)
+    done = git(repo, "rebase", "left", check=False)
+    assert done.returncode != 0
+    assert b"git theta merge --strategy STRATEGY m.safetensors" in done.stderr
+    assert load(repo / M).keys() == right.keys()  # a readable model, never markers
+    git(repo, "rebase", "--abort")
+    assert sha256(repo / M) == before
+    assert git(repo, "status", "--porcelain").stdout == b""
+
+
+@pytest.mark.slow
+def test_octopus_merge_of_conflicting_checkpoints_keeps_the_model(repo: Path) -> None:
+    base, _, _ = two_sides(repo)
+    git(repo, "checkout", "-q", "-b", "third", "main~1")
+    commit(repo, {**base, "a": base["a"] - np.float32(5)}, "third")
+    git(repo, "checkout", "-q", "main")
+    before = sha256(repo / M)
+    done = git(repo, "merge", "--no-edit", "left", "third", check=False)
+    assert done.returncode != 0
+    git(repo, "merge", "--abort", check=False)
+    git(repo, "reset", "-q", "--merge")
+    assert sha256(repo / M) == before
+
+
+def test_npy_checkpoints_merge_too(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    track(repo, "*.npy")
+    base, _, _ = two_sides(repo, "m.npy")
+    monkeypatch.setenv("GIT_THETA_MERGE_STRATEGY", "average")
+    git(repo, "merge", "-q", "--no-edit", "left")
+    check(load(repo / "m.npy"), {"a": expected(base)["a"]})
+    assert git(repo, "status", "--porcelain").stdout == b""
