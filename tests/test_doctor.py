@@ -52,6 +52,8 @@ def test_uninstall_removes_exactly_what_install_wrote(
     config_before = (hermetic_git / ".gitconfig").read_bytes()
     monkeypatch.chdir(work)
     assert main(["install"]) == 0
+    assert (hooks / "pre-push").read_bytes() == lfs_hook  # a global install leaves it
+    assert main(["track", "*.safetensors"]) == 0  # the repository's first set-up: hooks
     assert (hooks / "pre-push").read_bytes() != lfs_hook
     assert main(["uninstall"]) == 0
     assert (hooks / "pre-push").read_bytes() == lfs_hook

@@ -44,6 +44,23 @@ class UnknownPluginError(ThetaError, LookupError):
     """No plugin is registered under the requested key."""
 
 
+def _program(argv: tuple[str, ...]) -> str:
+    """Return the program and its subcommand ("git ls-tree"), skipping ``-c KEY=VALUE``
+    and other leading options: the whole command line is internal (it goes to the log)."""
+    words = [argv[0]] if argv else ["a command"]
+    rest = list(argv[1:])
+    while rest:
+        word = rest.pop(0)
+        if word == "-c":
+            if rest:
+                rest.pop(0)
+        elif not word.startswith("-"):
+            words.append(word)
+            if words[0] != "git" or word != "lfs":
+                break
+    return " ".join(words)
+
+
 class CommandError(ThetaError, RuntimeError):
     """An external command (git, git-lfs) failed."""
 
@@ -53,5 +70,40 @@ class CommandError(ThetaError, RuntimeError):
         self.stdout = stdout
         self.stderr = stderr
         detail = stderr.decode(errors="replace").strip().splitlines()
-        last = detail[-1] if detail else "no output"
-        super().__init__(f"`{' '.join(argv)}` failed with exit code {returncode}: {last}")
+        last = detail[-1].removeprefix("fatal: ") if detail else f"exit code {returncode}"
+        super().__init__(f"{_program(argv)} failed: {last}")
+
+    def __reduce__(self) -> tuple[type[CommandError], tuple[object, ...], dict[str, object]]:
+        # copy, pickle (a worker's error crossing to the parent) rebuild the exception
+        # from its fields, not from args (the one-line message): otherwise a TypeError.
+        return (
+            type(self),
+            (self.argv, self.returncode, self.stdout, self.stderr),
+            {"args": self.args},
+        )
+
+
+NOT_A_REPOSITORY = (
+    "not a git repository (or any parent directory): run this inside a repository "
+    "(cd into one, or `git init`)"
+)
+
+
+class NotARepositoryError(CommandError):
+    """git was asked about a repository, and there is none here."""
+
+    exit_code = 128  # as git's own
+
+    def __init__(self, argv: tuple[str, ...], returncode: int, stdout: bytes, stderr: bytes):
+        super().__init__(argv, returncode, stdout, stderr)
+        self.args = (NOT_A_REPOSITORY,)
+
+
+def command_error(
+    argv: tuple[str, ...], returncode: int, stdout: bytes, stderr: bytes
+) -> CommandError:
+    """Return the CommandError for a failed command: NotARepositoryError when git said
+    there is no repository here."""
+    if argv[:1] == ("git",) and b"fatal: not a git repository" in stderr:
+        return NotARepositoryError(argv, returncode, stdout, stderr)
+    return CommandError(argv, returncode, stdout, stderr)

@@ -108,8 +108,15 @@ def lfs_storage_dir(cwd: str | None = None) -> str:
 
 
 def tree_blobs(rev: str, cwd: str | None = None) -> list[tuple[str, str]]:
-    """Return (blob id, path) for every file in ``rev``'s tree."""
-    out = git("ls-tree", "-r", "-z", "--full-tree", rev, cwd=cwd)
+    """Return (blob id, path) for every file in ``rev``'s tree. Raises BadRevisionError
+    (exit 128, naming ``rev``) when it names no commit or tree."""
+    try:
+        out = git("ls-tree", "-r", "-z", "--full-tree", "--end-of-options", rev, cwd=cwd)
+    except CommandError:
+        from git_theta.revisions import require
+
+        require([rev], cwd)  # raises the error that names it
+        raise
     blobs = []
     for entry in out.split(b"\0"):
         if not entry:
@@ -126,7 +133,13 @@ def new_blobs(
 ) -> list[tuple[str, str]]:
     """Return (blob id, path) of blobs reachable from ``include`` but not ``exclude``."""
     args = ["rev-list", "--objects", *include, "--not", *exclude, "--"]
-    out = os.fsdecode(git(*args, cwd=cwd))
+    try:
+        out = os.fsdecode(git(*args, cwd=cwd))
+    except CommandError:
+        from git_theta.revisions import require
+
+        require(include + exclude, cwd)  # raises the error naming a bad one
+        raise
     blobs = []
     for line in out.splitlines():
         oid, _, path = line.partition(" ")

@@ -642,7 +642,13 @@ def _refs(names: list[str], everything: bool) -> list[tuple[str, str, str]]:
                 done = run("git", "rev-parse", "--symbolic-full-name", name, check=False)
                 full = os.fsdecode(done.stdout).strip()
             if full not in local:
-                raise MigrateError(f"{name} is not a local branch or tag")
+                from git_theta.revisions import require
+
+                require([name])  # names nothing at all: the same error as every command
+                raise MigrateError(
+                    f"{name} is not a local branch or tag: migrate rewrites branches and "
+                    "tags; give one (`git branch`, `git tag`) or --everything"
+                )
             wanted.append(full)
     else:
         done = run("git", "symbolic-ref", "-q", "HEAD", check=False)

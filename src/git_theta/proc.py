@@ -14,7 +14,7 @@ import signal
 from collections.abc import Callable, Mapping
 from typing import IO, BinaryIO, NamedTuple, Protocol
 
-from git_theta.errors import CommandError
+from git_theta.errors import CommandError, command_error
 
 _READ = 1 << 16
 
@@ -54,7 +54,7 @@ def run(
     except FileNotFoundError:
         raise not_found(argv) from None
     if check and done.returncode != 0:
-        raise CommandError(argv, done.returncode, done.stdout, done.stderr)
+        raise command_error(argv, done.returncode, done.stdout, done.stderr)
     return done
 
 

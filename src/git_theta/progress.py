@@ -15,19 +15,57 @@ INTERVAL = 0.2
 git_pid: int | None = None  # the git command we serve, when it is not our parent
 
 
-def _git_is_quiet() -> bool:
-    """True when the git command that started us was given -q/--quiet (Linux only)."""
+def _parent_of(pid: int) -> int:
+    """Return ``pid``'s parent (0 when unknown), from /proc/PID/stat."""
     try:
-        with open(f"/proc/{git_pid or os.getppid()}/cmdline", "rb") as fh:
-            args = fh.read().split(b"\0")
-    except OSError:
-        return False
-    return b"--quiet" in args or b"-q" in args
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+        return int(stat[stat.rindex(b")") + 2 :].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _git_is_quiet() -> bool:
+    """True when the git command that started us was given -q/--quiet (Linux only).
+
+    git starts filters and drivers through ``sh -c`` (and the ``git-theta`` script is a
+    shell script), so the nearest ancestor that is git decides, not the parent.
+    """
+    pid = git_pid or os.getppid()
+    for _ in range(_MAX_HOPS):
+        if pid <= 1:
+            return False
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                args = fh.read().split(b"\0")
+        except OSError:
+            return False
+        if os.path.basename(args[0]) == b"git":
+            return b"--quiet" in args or b"-q" in args
+        pid = _parent_of(pid)
+    return False
+
+
+_MAX_HOPS = 6  # git -> sh -> git-theta's script -> python: a few levels at most
+
+
+def quiet() -> bool:
+    """True when the user asked for quiet: GIT_THETA_QUIET, ``git theta -q``, or git's -q."""
+    return env_flag("GIT_THETA_QUIET") or _git_is_quiet()
 
 
 def enabled() -> bool:
     """Return True when progress should be shown: a terminal, and nobody asked for quiet."""
-    return sys.stderr.isatty() and not env_flag("GIT_THETA_QUIET") and not _git_is_quiet()
+    return sys.stderr.isatty() and not quiet()
+
+
+def summary(line: str) -> None:
+    """Print a "what happened" line (counts) on stderr, unless the user asked for quiet;
+    unlike progress it is also written to a pipe, as git's own summaries are."""
+    if not quiet():
+        sys.stderr.write(f"git-theta: {line}\n")
+        sys.stderr.flush()
 
 
 class Progress:

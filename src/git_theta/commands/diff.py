@@ -19,6 +19,7 @@ from git_theta.history import manifests_at, manifests_in_index
 from git_theta.manifest import PREFIX, Manifest, is_manifest, parse
 from git_theta.proc import run
 from git_theta.repo import Repo
+from git_theta.revisions import bad_revision, has_commits, resolves
 from git_theta.store import ObjectRef, ObjectStore
 
 NULL_HEX = {"", ".", "0" * 40, "0" * 64}
@@ -204,8 +205,13 @@ def split_revs(args: list[str]) -> tuple[list[str], list[str]]:
     for i, arg in enumerate(args):
         if arg == "--":
             return revs, args[i + 1 :]
-        probe = run("git", "rev-parse", "--verify", "-q", f"{arg}^{{tree}}", check=False)
-        if probe.returncode != 0:
+        if not resolves(arg):
+            # As git: without "--", what is not a revision must be a path that exists.
+            if "--" in args[i:]:
+                raise bad_revision(arg)
+            for path in args[i:]:
+                if not os.path.lexists(path):
+                    raise bad_revision(path)
             return revs, args[i:]
         revs.append(arg)
     return revs, []
@@ -225,6 +231,8 @@ def diff(
     store = repo.store
 
     def at(rev: str | None) -> dict[str, Manifest]:
+        if rev == "HEAD" and cached and not revs and not has_commits(top):
+            return {}  # before the first commit, --cached compares with nothing, as git
         found = manifests_in_index(top) if rev is None else manifests_at(rev, top)
         return dict(found)
 

@@ -2,8 +2,9 @@
 
 Expected failures (ThetaError) and the operating system's (a full disk, a permission, a
 read-only or foreign file system, too many open files) are one line naming the file and
-what to do next, exit 1. A peer that went away (git killed, a pager quit) is one short
-line, exit 1. Anything else is an internal error: one line, exit 70, and the traceback in
+what to do next, exit 1. A closed stdout (``| head``, a pager quit) is silent, exit 0;
+another peer that went away (git killed) is one short line, exit 1. Anything else is an
+internal error: one line, exit 70, and the traceback in
 ``files.state_dir()/errors.log``.
 """
 
@@ -129,7 +130,10 @@ def report(exc: BaseException, path: str = "") -> int:
         return 1
     if isinstance(exc, BrokenPipeError | ConnectionResetError):
         if _stdout_is_broken():
-            return 1  # our reader (a pager, `head`) stopped reading: nothing to say
+            # Our reader (a pager, `head`) stopped reading: nothing to say, and exit 0, so
+            # that git does not call its external diff driver "died" (git itself then
+            # stops quietly on the same closed pipe).
+            return 0
         _say(f"git-theta: error: {where}a pipe closed early (the program reading it exited)")
         return 1
     if isinstance(exc, OSError) and (line := os_error_line(exc)) is not None:

@@ -10,6 +10,7 @@ from git_theta.display import escape
 from git_theta.errors import ManifestError, ThetaError
 from git_theta.history import manifests_at, manifests_in_index
 from git_theta.manifest import PREFIX, parse
+from git_theta.revisions import require
 
 
 def ls_files(rev: str | None) -> int:
@@ -31,7 +32,12 @@ def show(spec: str) -> int:
     rev, _, path = spec.partition(":")
     oid = git.git("rev-parse", "--verify", "-q", f"{rev}:{path}", check=False).decode().strip()
     if not oid:
-        raise ThetaError(f"{spec}: no such file in git")
+        if rev:
+            require([rev])  # a bad revision is that, not a missing file
+        where = f"in {rev}" if rev else "in the index"
+        raise ThetaError(
+            f"{spec}: no such file {where}; see `git theta ls-files{' ' + rev if rev else ''}`"
+        )
     blob = git.blobs_starting_with([oid], PREFIX).get(oid)
     if blob is None:
         raise ThetaError(f"{spec}: not a git-theta checkpoint")

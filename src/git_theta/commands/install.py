@@ -118,7 +118,14 @@ def install(scope: str, server: bool = False) -> int:
         git.config_set(key, value, scope)
     mode = "; filter server on" if server else ""
     sys.stderr.write(f"git-theta: configured git ({scope}{mode})\n")
-    if git.inside_work_tree():
+    if scope != "local":
+        # A per-user install must not change whichever repository the shell is in; each
+        # repository gets its hooks when it is first set up (track, migrate).
+        sys.stderr.write(
+            "git-theta: hooks are per repository: `git theta track PATTERN` installs the "
+            "pre-push hook that uploads tensors (or run `git theta install --local` there)\n"
+        )
+    elif git.inside_work_tree():
         try:
             hook = install_hooks()
             sys.stderr.write(f"git-theta: installed {hook}\n")

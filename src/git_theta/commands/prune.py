@@ -100,11 +100,14 @@ def _refuse_while_indexing(lock: str) -> PruneRefusedError:
     )
 
 
-def _candidates(store: ObjectStore, keep: set[str]) -> list[tuple[str, bool, int]]:
-    """(path, a git-theta object?, size) of each object file not in ``keep`` and older
-    than the grace period, in either directory."""
+def _candidates(
+    store: ObjectStore, keep: set[str], grace: float
+) -> tuple[list[tuple[str, bool, int]], int]:
+    """Return (path, a git-theta object?, size) of each object file not in ``keep`` and
+    older than ``grace`` seconds, in either directory, and how many were younger."""
     now = time.time()
     found = []
+    young = 0
     for root in (store.root, store.lfs_root):
         for oid, path in stored_files(root):
             if oid in keep:
@@ -112,16 +115,21 @@ def _candidates(store: ObjectStore, keep: set[str]) -> list[tuple[str, bool, int
             try:
                 with open_regular(path) as fh:  # nothing but regular files is ours
                     st = os.fstat(fh.fileno())
-                    if now - st.st_mtime < GRACE:
-                        continue  # new: an add may be writing its manifest
+                    if now - st.st_mtime < grace:
+                        young += 1  # new: an add may be writing its manifest
+                        continue
                     found.append((path, is_theta_object(fh.read(4)), st.st_size))
             except (UnsafeFileError, FileNotFoundError):
                 continue
-    return found
+    return found, young
 
 
 def _delete(
-    store: ObjectStore, candidates: list[tuple[str, bool, int]], common: str, top: str
+    store: ObjectStore,
+    candidates: list[tuple[str, bool, int]],
+    common: str,
+    top: str,
+    grace: float,
 ) -> list[tuple[str, bool, int]]:
     """Delete ``candidates`` unless something took them up meanwhile (see the module's
     docstring); return those deleted. Raises PruneRefusedError, having put every one
@@ -142,7 +150,7 @@ def _delete(
     deleted = []
     for where, ours, size in held:
         try:
-            if os.path.basename(where) in again or now - os.lstat(where).st_mtime < GRACE:
+            if os.path.basename(where) in again or now - os.lstat(where).st_mtime < grace:
                 store.release(where)  # staged meanwhile, or written again (put touches it)
             else:
                 os.unlink(where)
@@ -152,17 +160,28 @@ def _delete(
     return deleted
 
 
+def _duration(seconds: float) -> str:
+    """Return ``seconds`` as words: "1 hour", "10 minutes", "30 seconds"."""
+    for unit, size in (("hour", 3600), ("minute", 60)):
+        if seconds >= size and seconds % size == 0:
+            n = int(seconds // size)
+            return f"{n} {unit}{'s' if n != 1 else ''}"
+    return f"{seconds:g} seconds"
+
+
 def _release(store: ObjectStore, held: str) -> None:
     """Put a held file back (one another prune put back already is fine)."""
     with contextlib.suppress(FileNotFoundError):
         store.release(held)
 
 
-def prune(dry_run: bool, force: bool = False) -> int:
+def prune(dry_run: bool, force: bool = False, grace: float | None = None) -> int:
     """Delete unreferenced git-theta objects, and plain Git LFS objects no LFS pointer in
     any ref, reflog entry or index names (what ``git theta migrate import`` leaves behind);
     return 0. Prints what it did. Raises PruneRefusedError when ``lfs.storage`` is set
-    (other repositories may share it) unless ``force``, and while an index is written."""
+    (other repositories may share it) unless ``force``, and while an index is written.
+    Objects younger than ``grace`` seconds (default GRACE) are kept, and said so."""
+    grace = GRACE if grace is None else grace
     repo = Repo()
     top = str(git.toplevel())
     storage = git.config_get("lfs.storage", top)
@@ -194,9 +213,9 @@ def prune(dry_run: bool, force: bool = False) -> int:
     referenced = {ref.oid for ref in needed_by(manifests_between(everything, [], top))}
     referenced |= {ref.oid for ref in needed_by(staged)}
     keep = referenced | lfs_pointed_at(everything, top)
-    candidates = _candidates(store, keep)
+    candidates, young = _candidates(store, keep, grace)
     if not dry_run:
-        candidates = _delete(store, candidates, common, top)
+        candidates = _delete(store, candidates, common, top, grace)
     # A link in git-lfs's directory is the same object: count each oid once.
     counted = {os.path.basename(path): (ours, size) for path, ours, size in candidates}
     count = sum(1 for ours, _ in counted.values() if ours)
@@ -208,6 +227,12 @@ def prune(dry_run: bool, force: bool = False) -> int:
         f"git-theta: {verb} {count} unreferenced objects ({size / 1e6:.1f} MB), "
         f"kept {len(referenced)} referenced\n"
     )
+    if young:
+        sys.stderr.write(
+            f"git-theta: kept {young} unreferenced objects younger than the grace period "
+            f"({_duration(grace)}: a git command may be writing the manifest that needs "
+            "them); `git theta prune --grace 0` deletes them too\n"
+        )
     if plain:
         sys.stderr.write(
             f"git-theta: {verb} {plain} Git LFS objects no LFS pointer names any more "

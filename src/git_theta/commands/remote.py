@@ -13,6 +13,7 @@ from git_theta.files import AtomicWriter, UnsafeFileError, open_regular
 from git_theta.history import manifests_at, manifests_between
 from git_theta.manifest import Manifest, is_manifest
 from git_theta.proc import run
+from git_theta.progress import summary
 from git_theta.repo import Repo
 from git_theta.smudge import needed_objects, write_checkpoint
 from git_theta.store import ObjectRef
@@ -46,8 +47,13 @@ def pre_push(remote: str, lines: list[str]) -> int:
             exclude.append(fields[3])
     count = upload(remote, include, exclude)
     if count:
-        sys.stderr.write(f"git-theta: {count} tensor objects checked or uploaded to {remote}\n")
+        summary(_uploaded(count, remote))
     return 0
+
+
+def _uploaded(count: int, remote: str) -> str:
+    # git-lfs asks the server first and sends only what it lacks, without saying which.
+    return f"{count} tensor objects uploaded to {remote} or already there"
 
 
 def upload(remote: str, include: list[str], exclude: list[str], local_only: bool = False) -> int:
@@ -137,7 +143,7 @@ def upload_command(remote: str, revs: list[str]) -> int:
     if not include:
         raise ThetaError(f"no revision given and no refs of remote {remote!r} are known")
     count = upload(remote, include, [])
-    sys.stderr.write(f"git-theta: {count} tensor objects checked or uploaded to {remote}\n")
+    summary(_uploaded(count, remote))
     return 0
 
 
@@ -149,6 +155,7 @@ def fetch(revs: list[str], everything: bool) -> int:
     else:
         manifests = [m for rev in revs or ["HEAD"] for m in manifests_at(rev)]
     wanted = needed_by(manifests)
+    already = sum(1 for ref in wanted if repo.store.has(ref))
     try:
         repo.downloader.fetch(wanted)
     finally:
@@ -159,7 +166,7 @@ def fetch(revs: list[str], everything: bool) -> int:
             f"object {missing[0].oid} for {wanted[missing[0]]} could not be downloaded from "
             f"the Git LFS remote ({len(missing)} missing)"
         )
-    sys.stderr.write(f"git-theta: {len(wanted)} objects present locally\n")
+    summary(f"downloaded {len(wanted) - already} tensor objects, {already} already present")
     return 0
 
 

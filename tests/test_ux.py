@@ -1,0 +1,300 @@
+"""What a newcomer touches: help and the manual, quiet and counts, bad revisions, errors
+outside a repository, a closed output pipe, prune's grace period, a per-user install."""
+
+from __future__ import annotations
+
+import ast
+import copy
+import os
+import pickle
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from conftest import git
+from st_files import f32, st_from_arrays
+
+from git_theta.commands.cli import _parser, main
+from git_theta.commands.help_text import ABOUT
+from git_theta.errors import CommandError, command_error
+
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "src" / "git_theta"
+SHAPES = {"layer.weight": (8, 8), "layer.bias": (8,)}
+
+
+def _subcommands() -> dict[str, object]:
+    import argparse
+
+    parser = _parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+def test_every_subcommand_says_what_it_does_with_an_example() -> None:
+    commands = _subcommands()
+    assert set(commands) <= set(ABOUT), f"add {set(commands) - set(ABOUT)} to help_text.ABOUT"
+    for name, parser in commands.items():
+        text = parser.format_help()  # type: ignore[attr-defined]
+        assert ABOUT[name][0].split()[0] in text, name
+        assert f"example:\n  {ABOUT[name][1]}" in text, name
+    top = _parser().format_help()
+    assert "examples:" in top and "git help theta" in top
+
+
+def test_the_committed_man_page_is_what_the_parser_gives() -> None:
+    from git_theta.manpage import render
+
+    page = (ROOT / "docs/man/git-theta.1").read_text()
+    assert page == render(), "run: python -m git_theta.manpage > docs/man/git-theta.1"
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    data = pyproject["tool"]["setuptools"]["data-files"]
+    assert data["share/man/man1"] == ["docs/man/git-theta.1"]
+
+
+def test_git_help_theta_and_git_theta_help_open_the_installed_page(tmp_path: Path) -> None:
+    """Laid out as pip installs it: <prefix>/bin/git-theta and
+    <prefix>/share/man/man1/git-theta.1; git runs `man git-theta` for both."""
+    if shutil.which("man") is None:
+        pytest.skip("no man(1) on this machine")
+    prefix = tmp_path / "prefix"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "share/man/man1").mkdir(parents=True)
+    os.symlink(shutil.which("git-theta") or "", prefix / "bin/git-theta")
+    shutil.copy(ROOT / "docs/man/git-theta.1", prefix / "share/man/man1/git-theta.1")
+    env = {**os.environ, "PATH": f"{prefix / 'bin'}:{os.environ['PATH']}", "MANPAGER": "cat"}
+    env.pop("MANPATH", None)
+    for argv in (["git", "help", "theta"], ["git", "theta", "--help"]):
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        assert "GIT-THETA(1)" in done.stdout
+        assert "git theta fetch" in done.stdout
+
+
+def test_git_quiet_is_seen_through_the_shell_git_starts_filters_with(tmp_path: Path) -> None:
+    """git runs a filter command through ``sh -c``: the filter's parent is the shell, and
+    git's -q must still be seen (a Python that records what progress decides)."""
+    work = tmp_path / "probe"
+    work.mkdir()
+    git(work, "init", "-q")
+    out = tmp_path / "quiet.txt"
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "from git_theta import progress\n"
+        f"open({str(out)!r}, 'a').write(str(progress._git_is_quiet()) + '\\n')\n"
+    )
+    (work / ".gitattributes").write_text("*.bin filter=probe\n")
+    (work / "a.bin").write_bytes(b"a")
+    git(work, "add", "a.bin", ".gitattributes")
+    git(work, "commit", "-q", "-m", "a")
+    # Two commands: sh cannot exec the first, so it stays the Python's parent.
+    git(work, "config", "filter.probe.smudge", f"{sys.executable} {probe}; cat")
+    for quiet in (["-q"], []):
+        (work / "a.bin").unlink()
+        git(work, "checkout", *quiet, "--", "a.bin")
+    assert out.read_text().split() == ["True", "False"]
+
+
+def test_quiet_flag_and_summary_lines(
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`git push -q` prints no count; without it the count says what happened; `git theta
+    fetch` says how many it downloaded and how many were already there."""
+    monkeypatch.delenv("GIT_THETA_QUIET")
+    remote = tmp_path / "origin.git"
+    git(tmp_path, "init", "-q", "--bare", str(remote))
+    git(repo, "remote", "add", "origin", f"file://{remote}")
+    (repo / "model.safetensors").write_bytes(st_from_arrays(f32(SHAPES, 1)))
+    git(repo, "add", "model.safetensors")
+    git(repo, "commit", "-q", "-m", "v1")
+    quiet = git(repo, "push", "-q", "origin", "main")
+    assert b"git-theta" not in quiet.stderr
+    (repo / "model.safetensors").write_bytes(st_from_arrays(f32(SHAPES, 2)))
+    git(repo, "commit", "-qam", "v2")
+    loud = git(repo, "push", "origin", "main")
+    assert re.search(rb"^git-theta: \d+ tensor objects uploaded to origin or already there$",
+                     loud.stderr, re.M)  # fmt: skip
+
+    lazy = tmp_path / "lazy"
+    done = subprocess.run(
+        ["git", "clone", "-q", f"file://{remote}", str(lazy)],
+        capture_output=True,
+        env={**os.environ, "GIT_THETA_SKIP_SMUDGE": "1"},
+    )
+    assert done.returncode == 0, done.stderr
+    first = subprocess.run(["git", "theta", "fetch"], cwd=lazy, capture_output=True, text=True)
+    assert first.stderr == "git-theta: downloaded 3 tensor objects, 0 already present\n"
+    again = subprocess.run(["git", "theta", "fetch"], cwd=lazy, capture_output=True, text=True)
+    assert again.stderr == "git-theta: downloaded 0 tensor objects, 3 already present\n"
+    silent = subprocess.run(
+        ["git", "theta", "fetch", "-q"], cwd=lazy, capture_output=True, text=True
+    )
+    assert (silent.returncode, silent.stderr) == (0, "")
+
+
+UNKNOWN = "no branch, tag or commit has that name; see `git branch -a` and `git log --oneline`"
+SHORT = (
+    "HEAD exists, but its history is shorter than that or it has no such parent; see "
+    "`git log --oneline HEAD`"
+)
+
+
+@pytest.mark.parametrize(
+    ("argv", "rev", "why"),
+    [
+        (["diff", "mian", "HEAD"], "mian", UNKNOWN),
+        (["diff", "HEAD~10"], "HEAD~10", SHORT),
+        (["diff", "mian", "--", "model.safetensors"], "mian", UNKNOWN),
+        (["show", "HEAD~10:model.safetensors"], "HEAD~10", SHORT),
+        (["ls-files", "mian"], "mian", UNKNOWN),
+        (["fetch", "mian"], "mian", UNKNOWN),
+        (["fsck", "mian"], "mian", UNKNOWN),
+        (["upload", "origin", "mian"], "mian", UNKNOWN),
+        (["migrate", "import", "mian"], "mian", UNKNOWN),
+    ],
+)
+def test_a_bad_revision_exits_128_naming_it(
+    repo: Path, capsys: pytest.CaptureFixture[str], argv: list[str], rev: str, why: str
+) -> None:
+    (repo / "model.safetensors").write_bytes(st_from_arrays(f32(SHAPES, 1)))
+    git(repo, "add", "model.safetensors")
+    git(repo, "commit", "-q", "-m", "v1")
+    git(repo, "remote", "add", "origin", str(repo))
+    capsys.readouterr()
+    assert main(argv) == 128
+    captured = capsys.readouterr()
+    assert captured.err == f"git-theta: error: unknown revision {rev!r}: {why}\n"
+    assert captured.out == ""
+
+
+@pytest.mark.parametrize("argv", [["diff"], ["ls-files"], ["fetch"], ["prune"], ["show", "m"]])
+def test_outside_a_repository_says_so_in_words(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+) -> None:  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    assert main(argv) == 128
+    assert capsys.readouterr().err == (
+        "git-theta: error: not a git repository (or any parent directory): run this inside "
+        "a repository (cd into one, or `git init`)\n"
+    )
+
+
+def test_diff_cached_before_the_first_commit_compares_with_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    work = tmp_path / "fresh"
+    work.mkdir()
+    git(work, "init", "-q")
+    assert main(["install"]) == 0
+    monkeypatch.chdir(work)
+    assert main(["track", "*.safetensors"]) == 0
+    (work / "model.safetensors").write_bytes(st_from_arrays(f32(SHAPES, 1)))
+    git(work, "add", "model.safetensors")
+    capsys.readouterr()
+    assert main(["diff", "--cached"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    assert "A layer.weight" in captured.out
+
+
+def _many_tensors(repo: Path) -> None:
+    shapes = {f"t{i}": (2,) for i in range(3000)}  # more lines than a pipe holds
+    (repo / "model.safetensors").write_bytes(st_from_arrays(f32(shapes, 1)))
+    git(repo, "add", "model.safetensors")
+    git(repo, "commit", "-q", "-m", "v1")
+    (repo / "model.safetensors").write_bytes(st_from_arrays(f32(shapes, 2)))
+    git(repo, "commit", "-qam", "v2")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "git theta show model.safetensors | head -1",
+        "git theta diff HEAD~1 HEAD | head -1",
+        "git show --ext-diff HEAD | head -1",
+        "git log -p | head -1",
+    ],
+)
+def test_closing_the_output_early_is_silent(repo: Path, command: str) -> None:
+    _many_tensors(repo)
+    done = subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {command}"], cwd=repo, capture_output=True, text=True
+    )
+    assert done.stderr == ""
+    assert len(done.stdout.splitlines()) == 1
+    # git itself dies of SIGPIPE (141) once its reader is gone; git-theta exits 0.
+    assert done.returncode in (0, 141)
+    if command.startswith("git theta"):
+        assert done.returncode == 0
+
+
+def test_a_git_failure_survives_copy_and_pickle() -> None:
+    """A worker's error crossing to its parent (or copied by a library) must stay the
+    same error, not become a TypeError from the constructor's four arguments."""
+    exc = command_error(("git", "-c", "a=b", "ls-tree", "x"), 128, b"", b"fatal: bad tree")
+    exc.args = ("tensor 'w': " + str(exc),)
+    for again in (copy.copy(exc), pickle.loads(pickle.dumps(exc))):
+        assert type(again) is CommandError
+        assert (again.argv, again.returncode, str(again)) == (exc.argv, 128, str(exc))
+    assert str(exc) == "tensor 'w': git ls-tree failed: bad tree"
+
+
+def test_no_exception_is_rebuilt_from_its_type() -> None:
+    """`raise type(exc)(message)` turns a CommandError into a TypeError: add a note or
+    set exc.args instead (a scan, so no future path can bring it back)."""
+    found = []
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Raise) or not isinstance(node.exc, ast.Call):
+                continue
+            func = node.exc.func
+            rebuilt = (
+                isinstance(func, ast.Call)
+                and isinstance(func.func, ast.Name)
+                and func.func.id == "type"
+            ) or (isinstance(func, ast.Attribute) and func.attr == "__class__")
+            if rebuilt:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert found == []
+
+
+def test_prune_dry_run_names_the_grace_period_and_how_to_override_it(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (repo / "model.safetensors").write_bytes(st_from_arrays(f32(SHAPES, 1)))
+    git(repo, "add", "model.safetensors")
+    git(repo, "rm", "-q", "--cached", "model.safetensors")  # its objects: needed by nothing
+    capsys.readouterr()
+    assert main(["prune", "--dry-run"]) == 0
+    err = capsys.readouterr().err
+    assert "would delete 0 unreferenced objects" in err
+    assert (
+        "git-theta: kept 3 unreferenced objects younger than the grace period (1 hour: a git "
+        "command may be writing the manifest that needs them); `git theta prune --grace 0` "
+        "deletes them too\n"
+    ) in err
+    assert main(["prune", "--dry-run", "--grace", "0"]) == 0
+    err = capsys.readouterr().err
+    assert "would delete 3 unreferenced objects" in err and "younger" not in err
+
+
+def test_a_per_user_install_leaves_the_current_repository_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    work = tmp_path / "w"
+    work.mkdir()
+    git(work, "init", "-q")
+    hooks = sorted(p.name for p in (work / ".git/hooks").iterdir())
+    monkeypatch.chdir(work)
+    assert main(["install"]) == 0
+    assert sorted(p.name for p in (work / ".git/hooks").iterdir()) == hooks
+    assert git(work, "config", "--local", "--get-regexp", "theta", check=False).stdout == b""
+    assert "`git theta track PATTERN` installs the pre-push hook" in capsys.readouterr().err
+    assert main(["track", "*.safetensors"]) == 0
+    assert (work / ".git/hooks/pre-push").exists()
