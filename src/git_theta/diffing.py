@@ -2,19 +2,23 @@
 
 Only tensors whose content hash differs are decoded; unchanged tensors cost nothing.
 A version is a mapping of tensor name to ``TensorSide``: from a manifest (values come from
-objects) or from a checkpoint file in the work tree (values come from the file).
+objects) or from a checkpoint file in the work tree (values come from the file). An npz
+member saved compressed is kept as glue by clean, yet it is an array: it is a side too,
+read by inflating its bytes (from the file, or from the manifest's glue object).
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from dataclasses import dataclass, field
+from typing import BinaryIO, cast
 
 from git_theta import chains, kernels
 from git_theta.content import content_hash
-from git_theta.dtypes import FLOAT_KINDS, lookup
+from git_theta.dtypes import BLOCKS, FLOAT_KINDS, lookup
 from git_theta.errors import CheckpointError, ThetaError
 from git_theta.files import open_regular
 from git_theta.formats import detect, file_spans, header_spans
@@ -35,6 +39,11 @@ class TensorSide:
     links: tuple[Link, ...] = ()  # its chain, when it comes from a manifest
     store: ObjectStore | None = None
     limit: int | None = None  # the most bytes its value may have (from its manifest)
+    unreadable: str = ""  # why its values cannot be compared (a member over the inflate cap)
+
+
+# How a compressed npz member is stored: in the file's glue, as its deflated zip member.
+DEFLATED = "deflated"
 
 
 @dataclass
@@ -47,7 +56,9 @@ class TensorDiff:
     changed: int | None = None  # elements whose bits differ
     l2: float | None = None  # ||new - old||_2
     max_abs: float | None = None
-    rel: float | None = None  # ||new - old|| / ||old||
+    rel: float | None = None  # ||new - old|| / ||old||; None when ||old|| is 0 (see note)
+    old_norm: float | None = None  # ||old||_2 (its finite values)
+    blocks: tuple[int, int] | None = None  # block-quantized: (blocks changed, blocks)
     note: str = ""
     update_summary: str = ""  # from the stored update (sparse count, low-rank rank...)
 
@@ -59,7 +70,8 @@ class FileDiff:
     unchanged: int = 0
     params_changed: int = 0
     params_total: int = 0
-    bytes_stored: int = 0  # object bytes the new version adds over the old one
+    bytes_stored: int = 0  # bytes of objects new here that the old version never references
+    stored_scope: str = "version"  # "file": only the old file's objects were known
 
 
 def _limit(manifest: Manifest, entry: TensorEntry) -> int:
@@ -68,11 +80,132 @@ def _limit(manifest: Manifest, entry: TensorEntry) -> int:
     return manifest.size if nbytes is None else nbytes
 
 
+def manifest_objects(manifest: Manifest) -> set[tuple[str, int]]:
+    """Return (oid, size) of every object ``manifest`` references: its glue and chains."""
+    out = {(manifest.glue.ref.oid, manifest.glue.ref.size)}
+    for entry in manifest.tensors.values():
+        out.update((link.ref.oid, link.ref.size) for link in entry.chain)
+    return out
+
+
+class _GlueView:
+    """The file a manifest describes, as a read-only file of its glue: the bytes of its
+    tensors are not in hand and read as zeros (only glue is read through it)."""
+
+    def __init__(self, glue: bytearray, pieces: list[tuple[int, int, int]], size: int):
+        self._glue = memoryview(glue)
+        self._pieces = pieces  # (offset in the file, offset in the glue, length)
+        self._starts = [p[0] for p in pieces]
+        self._size = size
+        self._pos = 0
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        self._pos = max(0, pos + (0, self._pos, self._size)[whence])
+        return self._pos
+
+    def read(self, n: int = -1) -> bytes:
+        start = self._pos
+        end = self._size if n < 0 else min(self._size, start + n)
+        out = bytearray(max(0, end - start))
+        i = max(0, bisect.bisect_right(self._starts, start) - 1)
+        while i < len(self._pieces) and self._pieces[i][0] < end:
+            at, glue_at, length = self._pieces[i]
+            lo, hi = max(at, start), min(at + length, end)
+            if lo < hi:
+                out[lo - start : hi - start] = self._glue[glue_at + lo - at : glue_at + hi - at]
+            i += 1
+        self._pos = max(start, end)
+        return bytes(out)
+
+
+def _glue_pieces(manifest: Manifest) -> list[tuple[int, int, int]] | None:
+    """Where the glue lies in the file, or None when a tensor's size is not known from the
+    manifest (an opaque dtype): then the offsets after it are not known either."""
+    pieces, at, glue_at = [], 0, 0
+    for item in manifest.layout:
+        if isinstance(item, int):
+            pieces.append((at, glue_at, item))
+            at, glue_at = at + item, glue_at + item
+            continue
+        entry = manifest.tensors[item]
+        nbytes = tensor_nbytes(entry.dtype, entry.shape)
+        if nbytes is None:
+            return None
+        at += nbytes
+    return pieces
+
+
+def _member_side(name: str, data: bytes, reread: Callable[[], bytes]) -> TensorSide:
+    """A deflated npz member as a side: its hash is its compressed bytes' (equal bytes,
+    equal array), its values are inflated when compared (``reread`` gives the bytes)."""
+    from git_theta.formats.numpy_npz import inflate_cap, member_array
+
+    digest = content_hash(data)
+    try:
+        inner, _ = member_array(data, name, header_only=True)
+    except CheckpointError as exc:
+        return TensorSide("?", (), digest, DEFLATED, frozenset(), None, unreadable=str(exc))
+    unreadable = ""
+    if inner.end > inflate_cap(len(data)):
+        unreadable = (
+            f"not compared: it inflates to {inner.end:,} bytes from {len(data):,}, more "
+            "than git-theta inflates"
+        )
+
+    def load() -> bytes:
+        span, member = member_array(reread(), name)
+        return member[span.start : span.end]
+
+    return TensorSide(
+        inner.dtype, inner.shape, digest, DEFLATED, frozenset(), load, unreadable=unreadable
+    )
+
+
+def _deflated_sides(
+    fh: BinaryIO, size: int, taken: Set[str], reread: Callable[[int, int], bytes]
+) -> dict[str, TensorSide]:
+    """Sides for the deflated members of the npz ``fh`` (those not named in ``taken``:
+    a name given twice is a crafted file, and the stored tensor wins)."""
+    from git_theta.formats.numpy_npz import compressed_members
+
+    out = {}
+    for member in compressed_members(fh, size):
+        if member.name in taken or member.name in out:
+            continue
+        fh.seek(member.start)
+        data = fh.read(member.size)
+
+        def again(start: int = member.start, n: int = member.size) -> bytes:
+            return reread(start, n)
+
+        out[member.name] = _member_side(member.name, data, again)
+    return out
+
+
+def _manifest_members(manifest: Manifest, store: ObjectStore) -> dict[str, TensorSide]:
+    """The deflated members of an npz manifest, read from its glue object (none when that
+    object is not local or the glue's place in the file is not known)."""
+    if manifest.format != "npz" or not store.has(manifest.glue.ref):
+        return {}
+    pieces = _glue_pieces(manifest)
+    if pieces is None:
+        return {}
+    from git_theta.smudge import read_glue
+
+    view = _GlueView(read_glue(manifest, store), pieces, manifest.size)
+
+    def reread(start: int, n: int) -> bytes:
+        view.seek(start)
+        return view.read(n)
+
+    return _deflated_sides(cast(BinaryIO, view), manifest.size, manifest.tensors.keys(), reread)
+
+
 def from_manifest(manifest: Manifest | None, store: ObjectStore) -> dict[str, TensorSide]:
-    """Describe every tensor of ``manifest`` (empty for None)."""
+    """Describe every tensor of ``manifest`` (empty for None), deflated npz members too."""
     if manifest is None:
         return {}
-    out = {}
+    out = _manifest_members(manifest, store)
     for name, entry in manifest.tensors.items():
         present = all(store.has(link.ref) for link in entry.chain)
 
@@ -127,6 +260,15 @@ def from_file(
         out[span.name] = TensorSide(
             span.dtype, span.shape, content_hash(data), "file", frozenset(), load
         )
+    if fmt.key == "npz":
+
+        def reread(start: int, n: int) -> bytes:
+            with open_regular(path) as fh:
+                fh.seek(start)
+                return fh.read(n)
+
+        with open_regular(path) as fh:
+            out.update(_deflated_sides(fh, size, set(out), reread))
     return out
 
 
@@ -203,11 +345,23 @@ def _measure(diff: TensorDiff) -> None:
     if old.dtype != new.dtype or old.shape != new.shape:
         diff.note = "dtype or shape changed"
         return
+    if old.unreadable or new.unreadable:
+        diff.note = old.unreadable or new.unreadable
+        return
     if old.load is None or new.load is None:
         diff.note = "values not local: run `git theta fetch`"
         return
     a = old.load()
     b = _apply_last(old, new, a) or new.load()
+    block = BLOCKS.get(new.dtype)
+    if block is not None:  # quantized: its bytes are blocks of elements, not elements
+        from git_theta.values import elements_changed
+
+        elements, nbytes = block
+        changed = elements_changed(a, b, nbytes)
+        diff.blocks = (changed, len(b) // nbytes)
+        diff.changed = changed * elements  # elements in the blocks that changed
+        return
 
     kind = _WIDEN.get(new.dtype)
     if kernels.native is not None and kind is not None:
@@ -220,7 +374,13 @@ def _measure(diff: TensorDiff) -> None:
             return
         norm = found
     l2 = diff.l2 or 0.0
-    diff.rel = l2 / norm if norm > 0 else (0.0 if l2 == 0 else math.inf)
+    diff.old_norm = norm
+    if norm > 0:
+        diff.rel = l2 / norm
+    elif l2 == 0:
+        diff.rel = 0.0
+    else:  # no relative size to give: the change is the new value, whose L2 is l2
+        diff.note = "was all zeros"
 
 
 def _weight(diff: TensorDiff) -> int:
@@ -234,12 +394,23 @@ def compare(
     old: dict[str, TensorSide],
     new: dict[str, TensorSide],
     name_filter: Callable[[str], bool] | None = None,
+    old_objects: Set[tuple[str, int]] | None = None,
+    new_objects: Set[tuple[str, int]] | None = None,
 ) -> FileDiff:
-    """Return the tensor-level differences between ``old`` and ``new``."""
+    """Return the tensor-level differences between ``old`` and ``new``.
+
+    ``bytes_stored`` counts the objects of ``new_objects`` (by default the objects of
+    ``new``'s chains) that ``old_objects`` lacks: give every object the old version
+    references, in all its files, so that a tensor which only moved to another file is
+    not counted (by default only ``old``'s own: ``stored_scope`` is then "file").
+    """
     report = FileDiff(path)
-    old_objects = {o for side in old.values() for o in side.objects}
-    new_objects = {o for side in new.values() for o in side.objects}
-    report.bytes_stored = sum(size for _, size in new_objects - old_objects)
+    if old_objects is None:
+        old_objects = {o for side in old.values() for o in side.objects}
+        report.stored_scope = "file"
+    if new_objects is None:
+        new_objects = {o for side in new.values() for o in side.objects}
+    report.bytes_stored = sum(size for _, size in set(new_objects) - set(old_objects))
     for name in sorted(set(old) | set(new)):
         if name_filter is not None and not name_filter(name):
             continue

@@ -1,15 +1,17 @@
 """NumPy ``.npz``: a zip of ``.npy`` members. Each stored (uncompressed) member's array is
 a tensor span; compressed members (``savez_compressed``), zip headers and the directory
-are glue, kept verbatim, so every ``.npz`` checks out byte for byte."""
+are glue, kept verbatim, so every ``.npz`` checks out byte for byte. Diffs read a
+compressed member's array through ``compressed_members`` and ``member_array``."""
 
 from __future__ import annotations
 
 import io
 import struct
-from typing import BinaryIO
+import zlib
+from typing import BinaryIO, NamedTuple
 
 from git_theta.errors import CheckpointError
-from git_theta.formats.base import CheckpointFormat, ReadExact, TensorSpan, shown
+from git_theta.formats.base import CheckpointFormat, LimitExceeded, ReadExact, TensorSpan, shown
 from git_theta.formats.numpy_npy import MAGIC, NpyFormat
 from git_theta.formats.zip_index import zip_data_start, zip_entries
 
@@ -57,3 +59,84 @@ class NpzFormat(CheckpointFormat):
                 )
             )  # fmt: skip
         return spans
+
+
+# Reading a compressed member's array, for diffs (clean keeps the member as glue). A
+# member is untrusted: it inflates to at most 100x its compressed size, past 256 MiB
+# (what smudge allows a whole file), and to exactly the size its .npy header declares.
+INFLATE_FLOOR = 256 << 20
+INFLATE_RATIO = 100
+_DEFLATED = 8  # zip's method number for deflate: what np.savez_compressed writes
+
+
+def inflate_cap(compressed: int) -> int:
+    """Return the most bytes a member of ``compressed`` bytes may inflate to."""
+    return max(INFLATE_FLOOR, INFLATE_RATIO * compressed)
+
+
+class CompressedMember(NamedTuple):
+    """A deflated ``.npy`` member: its array name and where its compressed bytes lie."""
+
+    name: str
+    start: int
+    size: int
+
+
+def compressed_members(fh: BinaryIO, size: int) -> list[CompressedMember]:
+    """Return the deflated ``.npy`` members of the npz ``fh``, in file order. Raises
+    CheckpointError when the zip directory or a member lies outside the file."""
+    out = []
+    for name, (offset, length, method) in sorted(
+        zip_entries(fh, size).items(), key=lambda e: e[1][0]
+    ):
+        if method != _DEFLATED or not name.endswith(".npy"):
+            continue
+        start = zip_data_start(fh, offset, size)
+        if start + length > size:
+            raise CheckpointError(f"npz member {shown(name)} lies outside the file")
+        out.append(CompressedMember(name[: -len(".npy")], start, length))
+    return out
+
+
+def _npy_header(member: bytes, name: str) -> TensorSpan:
+    if not member.startswith(MAGIC):
+        raise CheckpointError(f"npz member {shown(name)} is not an .npy array")
+    buffer = io.BytesIO(member)
+
+    def read(n: int) -> bytes:
+        data = buffer.read(n)
+        if len(data) != n:
+            raise CheckpointError(f"npz member {shown(name)} has a truncated .npy header")
+        return data
+
+    (inner,) = NpyFormat().read_header(read)
+    return inner
+
+
+def member_array(
+    compressed: bytes, name: str, header_only: bool = False
+) -> tuple[TensorSpan, bytes]:
+    """Inflate a deflated member: return its array's span (offsets into the bytes returned)
+    and the member's bytes, up to its array's end (only the header with ``header_only``).
+
+    Raises CheckpointError when it is not an .npy array or is corrupt or truncated, and
+    LimitExceeded when its array would inflate past ``inflate_cap`` (not checked for
+    ``header_only``: the header alone is at most 64 KiB).
+    """
+    inflate = zlib.decompressobj(-15)  # zip members are raw deflate streams
+    try:
+        head = inflate.decompress(compressed, 64 << 10)  # .npy headers are at most ~40 KB
+        inner = _npy_header(head, name)
+        if header_only:
+            return inner, head
+        cap = inflate_cap(len(compressed))
+        if inner.end > cap:
+            raise LimitExceeded(f"npz member {shown(name)} inflated", inner.end, cap, "bytes")
+        data = head[: inner.end]
+        if len(head) < inner.end:  # max_length 0 would mean no limit: only ask for more
+            data += inflate.decompress(inflate.unconsumed_tail, inner.end - len(head))
+    except zlib.error as exc:
+        raise CheckpointError(f"npz member {shown(name)} is corrupt ({exc})") from None
+    if len(data) < inner.end:
+        raise CheckpointError(f"npz member {shown(name)} is shorter than its header says")
+    return inner, data

@@ -1,0 +1,211 @@
+"""Diffs exact in every format: quantized blocks, compressed npz members, all-zero tensors,
+grouping at '/' and the bytes a change really stored."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import git, track
+from st_files import st_bytes
+from test_diff import theta
+
+from git_theta.commands.cli import main
+from git_theta.formats import numpy_npz
+
+
+def commit(repo: Path, message: str) -> None:
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", message)
+
+
+def write_q8(path: Path, blocks: np.ndarray) -> None:
+    gguf = pytest.importorskip("gguf")
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor("ffn.weight", blocks, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_quantized_tensor_counts_blocks_and_their_elements(repo: Path) -> None:
+    track(repo, "*.gguf")
+    rng = np.random.default_rng(5)
+    # 64 rows of 128 Q8_0 blocks (34 bytes for 32 elements): 262,144 elements.
+    blocks = rng.integers(0, 256, (64, 128 * 34), dtype=np.uint8)
+    write_q8(repo / "m.gguf", blocks)
+    commit(repo, "v1")
+    changed = blocks.copy()
+    changed[:4] = rng.integers(0, 256, (4, 128 * 34), dtype=np.uint8)  # 512 whole blocks
+    assert np.count_nonzero(changed != blocks) < 512 * 34  # some bytes happen to be equal
+    write_q8(repo / "m.gguf", changed)
+    commit(repo, "v2")
+    out = theta(repo, "diff", "HEAD~1", "HEAD").stdout
+    assert (
+        "M ffn.weight  GGML_Q8_0 [64, 4096]  dense+delta  16,384/262,144 in changed blocks " in out
+    )
+    assert "(512/8,192 Q8_0 blocks, 6.25%)" in out
+    assert ": 16,384 of 262,144 parameters (6.25%)" in out
+    (entry,) = json.loads(theta(repo, "diff", "--json", "HEAD~1", "HEAD").stdout)["files"][0][
+        "tensors"
+    ]
+    assert (entry["changed"], entry["blocks_changed"], entry["blocks"]) == (16384, 512, 8192)
+
+
+def test_compressed_npz_member_is_diffed_by_its_values(repo: Path) -> None:
+    track(repo, "*.npz")
+    w = np.arange(600, dtype=np.float32).reshape(20, 30) / 3
+    b = np.ones(7, dtype=np.float16)
+    np.savez_compressed(repo / "a.npz", w=w, b=b)
+    commit(repo, "v1")
+    w2 = w.copy()
+    w2[0, :5] += np.float32(1.0)
+    np.savez_compressed(repo / "a.npz", w=w2, b=b)
+    delta = (w2.astype(np.float64) - w).ravel()
+    l2 = float(np.sqrt(delta @ delta))
+    rel = l2 / float(np.sqrt(w.astype(np.float64).ravel() @ w.astype(np.float64).ravel()))
+    line = f"M w  F32 [20, 30]  deflated  5/600 changed (0.83%)  L2 {l2:.4g}  max 1  rel {rel:.4g}"
+    header = "1 of 2 tensors changed: 5 of 607 parameters (0.82%)"
+    # Work tree against HEAD (the file is read), through git's diff driver, then committed.
+    worktree = theta(repo, "diff").stdout
+    assert header in worktree and line in worktree
+    assert line in git(repo, "diff").stdout.decode()
+    commit(repo, "v2")
+    out = theta(repo, "diff", "HEAD~1", "HEAD").stdout
+    assert out.splitlines()[1].startswith(header + ", ")
+    assert line in out and "1 unchanged tensor" in out
+    manifest = json.loads(git(repo, "show", "HEAD:a.npz").stdout)
+    (file,) = json.loads(theta(repo, "diff", "--json", "HEAD~1", "HEAD").stdout)["files"]
+    assert file["bytes_stored"] == manifest["glue"]["size"]  # the member is in the glue
+    (entry,) = file["tensors"]
+    assert entry["l2"] == pytest.approx(l2, 1e-12) and entry["changed"] == 5
+
+
+def test_compressed_member_past_the_inflate_cap_is_named_not_inflated(
+    repo: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    track(repo, "*.npz")
+    np.savez_compressed(repo / "z.npz", z=np.zeros(4000, np.float32))
+    commit(repo, "v1")
+    np.savez_compressed(repo / "z.npz", z=np.ones(4000, np.float32))
+    commit(repo, "v2")
+    monkeypatch.setattr(numpy_npz, "INFLATE_FLOOR", 1000)
+    monkeypatch.setenv("NO_COLOR", "1")
+    capsys.readouterr()
+    assert main(["diff", "HEAD~1", "HEAD"]) == 0
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("M z")]
+    assert line.startswith("M z  F32 [4000]  deflated  not compared: it inflates to 16,128 ")
+    assert line.endswith(" bytes from 112, more than git-theta inflates")
+
+
+def test_a_tensor_that_was_all_zeros_has_no_infinite_relative_change(repo: Path) -> None:
+    zeros, new = np.zeros(4, np.float32), np.array([3, 0, 4, 0], np.float32)
+    for value in (zeros, new):
+        (repo / "m.safetensors").write_bytes(st_bytes({"z": ("F32", (4,), value.tobytes())}))
+        commit(repo, "v")
+    out = theta(repo, "diff", "HEAD~1", "HEAD").stdout
+    assert "M z  F32 [4]  dense  2/4 changed (50.00%)  L2 5  max 4  rel n/a  was all zeros" in out
+    assert "inf" not in out
+    (entry,) = json.loads(theta(repo, "diff", "--json", "HEAD~1", "HEAD").stdout)["files"][0][
+        "tensors"
+    ]
+    assert (entry["rel"], entry["old_norm"], entry["l2"]) == (None, 0.0, 5.0)
+    assert entry["note"] == "was all zeros"
+    assert "inf" not in theta(repo, "diff", "--stat", "HEAD~1", "HEAD").stdout
+
+
+def _stat_lines(repo: Path) -> list[str]:
+    return theta(repo, "diff", "--stat", "HEAD~1", "HEAD").stdout.splitlines()[2:]
+
+
+def _layers(scale: float) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(2)
+    return {
+        name: (rng.standard_normal(6) * scale).astype(np.float32)
+        for name in ("layer/0/w", "layer/0/b", "layer/1/w", "head/w")
+    }
+
+
+def test_stat_groups_npz_names_at_slashes(repo: Path) -> None:
+    track(repo, "*.npz")
+    for scale in (1.0, 2.0):
+        np.savez(repo / "m.npz", **_layers(scale))
+        commit(repo, "v")
+    assert _stat_lines(repo) == [
+        " head  1 modified, 6 parameters",
+        " layer/0  2 modified, 12 parameters",
+        " layer/1  1 modified, 6 parameters",
+    ]
+
+
+def test_stat_groups_flax_names_below_their_common_root(repo: Path) -> None:
+    serialization = pytest.importorskip("flax.serialization")
+    track(repo, "*.msgpack")
+    for scale in (1.0, 2.0):
+        tensors = _layers(scale)
+        state = {
+            "params": {
+                "layer": {str(i): {"w": tensors[f"layer/{i}/w"]} for i in (0, 1)},
+                "head": {"w": tensors["head/w"], "b": tensors["layer/0/b"]},
+            }
+        }
+        (repo / "m.msgpack").write_bytes(serialization.to_bytes(state))
+        commit(repo, "v")
+    assert _stat_lines(repo) == [
+        " params/head  2 modified, 12 parameters",
+        " params/layer/0  1 modified, 6 parameters",
+        " params/layer/1  1 modified, 6 parameters",
+    ]
+
+
+def test_stat_groups_hdf5_names_at_slashes(repo: Path) -> None:
+    h5py = pytest.importorskip("h5py")
+    track(repo, "*.h5")
+    for scale in (1.0, 2.0):
+        with h5py.File(repo / "m.h5", "w") as f:
+            for name, value in _layers(scale).items():
+                f[name] = value
+        commit(repo, "v")
+    assert _stat_lines(repo) == [
+        " head  1 modified, 6 parameters",
+        " layer/0  2 modified, 12 parameters",
+        " layer/1  1 modified, 6 parameters",
+    ]
+
+
+def _objects(manifest: dict[str, object]) -> set[tuple[str, int]]:
+    glue = manifest["glue"]
+    assert isinstance(glue, dict)
+    out = {(glue["oid"], glue["size"])}
+    tensors = manifest["tensors"]
+    assert isinstance(tensors, dict)
+    for entry in tensors.values():
+        out.update((link["oid"], link["size"]) for link in entry["chain"])
+    return out
+
+
+def test_a_tensor_that_moved_between_shards_is_not_stored_for_the_change(repo: Path) -> None:
+    rng = np.random.default_rng(8)
+    a, b, c = (rng.standard_normal(4096).astype(np.float32).tobytes() for _ in range(3))
+    shards = {"s1": {"a": a, "b": b}, "s2": {"c": c}}
+    for layout in (shards, {"s1": {"a": a}, "s2": {"b": b, "c": c}}):  # b moves to s2
+        for shard, tensors in layout.items():
+            body = {name: ("F32", (4096,), data) for name, data in tensors.items()}
+            (repo / f"{shard}.safetensors").write_bytes(st_bytes(body))
+        commit(repo, "v")
+    old, new = (
+        set().union(*(
+            _objects(json.loads(git(repo, "show", f"{rev}:{s}.safetensors").stdout))
+            for s in ("s1", "s2")
+        ))
+        for rev in ("HEAD~1", "HEAD")
+    )  # fmt: skip
+    expected = sum(size for _, size in new - old)
+    assert expected < 4096  # headers only (b's value is 16 KB)
+    report = json.loads(theta(repo, "diff", "--json", "HEAD~1", "HEAD").stdout)
+    assert sum(f["bytes_stored"] for f in report["files"]) == expected
+    moved = theta(repo, "diff", "HEAD~1", "HEAD", "--", "s2.safetensors").stdout
+    assert f", {expected - report['files'][0]['bytes_stored']} B stored for the change" in moved
