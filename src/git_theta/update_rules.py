@@ -52,6 +52,11 @@ def load_policy(top: str) -> Callable[[str], UpdateType]:
     """
     from git_theta.updates import UPDATES
 
+    if os.environ.get("GIT_THETA_UPDATE_DATA_PATH", "").strip():  # see side_load.py
+        raise UsageError(
+            "GIT_THETA_UPDATE_DATA_PATH is applied by `git theta add PATH --update-type TYPE`, "
+            "which also rewrites PATH to the result; plain `git add` cannot: use that"
+        )
     forced = os.environ.get(ENV, "").strip()
     inputs = os.environ.get(PATH_ENV, "").strip()
     if forced:

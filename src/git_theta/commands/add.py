@@ -9,8 +9,15 @@ from git_theta.proc import run_attached
 from git_theta.update_rules import ENV, PATH_ENV, check_type
 
 
-def add(paths: list[str], update_type: str | None, update_path: str | None = None) -> int:
+def add(
+    paths: list[str],
+    update_type: str | None,
+    update_path: str | None = None,
+    update_data: str | None = None,
+) -> int:
     """Run ``git add`` on ``paths`` with GIT_THETA_UPDATE_TYPE / _PATH when given.
+    ``update_data`` (or GIT_THETA_UPDATE_DATA_PATH): an update applied to the staged
+    version (side_load.py).
 
     Raises NotSetUpError when git-theta's filter is not configured (git would store the
     raw bytes).
@@ -18,6 +25,15 @@ def add(paths: list[str], update_type: str | None, update_path: str | None = Non
     from git_theta.setup_check import require_filter
 
     require_filter()
+    # --update-data (side_load.py): an update applied to the staged version.
+    from git_theta.side_load import DATA_ENV, add_with_update_data
+
+    update_data = update_data or os.environ.get(DATA_ENV, "").strip() or None
+    if update_data is not None:
+        if update_path is not None:
+            raise UsageError("--update-data and --update-path: give one of them")
+        return add_with_update_data(paths, update_type, update_data)
+    # end --update-data
     if update_path is not None:
         if update_type not in ("low-rank", "ia3"):
             raise UsageError("--update-path needs --update-type low-rank or ia3")

@@ -86,6 +86,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="factors for low-rank (T/R, T/C or a PEFT LoRA adapter) or ia3 (T/ia3)",
     )
+    p.add_argument(
+        "--update-data",
+        metavar="FILE",
+        help="an update to add to the staged version: sparse (T/data, T/indices, T/indptr, "
+        "T/shape), low-rank (T/R, T/C) or ia3 (T/ia3); the file is rewritten to the result",
+    )
 
     p = sub.add_parser("fetch", help="download the tensor objects of revisions (default HEAD)")
     p.add_argument("revs", nargs="*", metavar="REV")
@@ -239,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "add":
             from git_theta.commands.add import add
 
-            return add(args.paths, args.update_type, args.update_path)
+            return add(args.paths, args.update_type, args.update_path, args.update_data)
         if args.command == "fetch":
             from git_theta.commands.remote import fetch
 

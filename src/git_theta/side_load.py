@@ -1,0 +1,488 @@
+"""Side-loaded updates: ``git theta add PATH --update-type sparse|low-rank|ia3
+--update-data FILE`` (or ``GIT_THETA_UPDATE_DATA_PATH=FILE``), as the predecessor had them.
+
+When PATH is unchanged since it was staged, FILE says what to add to it: the committed
+value of each tensor it names is the staged value plus the update (sparse: the
+predecessor's ``T/data``, ``T/indices``, ``T/indptr``, ``T/shape``, a 1 x N CSR matrix;
+low-rank: ``T/R``, ``T/C``; ia3: ``T/ia3``), and PATH is rewritten to exactly that, so
+``git status`` is clean. The new version is staged first (cleaned in this process, the
+manifest put in the index), then PATH is replaced in one rename: a failure before that
+changes nothing. When PATH was changed since it was staged, it is added as it is, as
+``--update-path`` does (for low-rank and ia3 the factors are how its changes are
+stored). Errors name the file that is wrong: FILE, or PATH.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import sys
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
+
+from git_theta.errors import CheckpointError, ThetaError, UsageError
+
+if TYPE_CHECKING:
+    from git_theta.api._stage import Where
+    from git_theta.formats.base import TensorSpan
+    from git_theta.repo import Repo
+    from git_theta.updates.base import UpdateType
+
+DATA_ENV = "GIT_THETA_UPDATE_DATA_PATH"
+TYPES = ("sparse", "low-rank", "ia3")
+_SPARSE_KEYS = ("data", "indices", "indptr", "shape")
+_CHUNK = 4 << 20
+
+
+class UpdateDataError(UsageError):
+    """The update file is unreadable, or does not fit the checkpoint it is applied to."""
+
+
+class Stored(NamedTuple):
+    dtype: str
+    shape: tuple[int, ...]
+    data: bytes
+
+
+def read_tensors(path: str) -> dict[str, Stored]:
+    """Every tensor of the checkpoint file ``path``, in any format git-theta reads (no
+    pickle code runs); raises UpdateDataError naming ``path`` when it cannot be read."""
+    from git_theta.files import open_regular
+    from git_theta.formats import detect, file_spans, header_spans
+    from git_theta.formats.base import SNIFF_MAX
+
+    try:
+        with open_regular(path) as fh:
+            size = os.fstat(fh.fileno()).st_size
+            fmt = detect(fh.read(SNIFF_MAX), path)
+            fh.seek(0)
+            spans = _spans(fh, size, fmt, header_spans, file_spans)
+            out = {}
+            for span in spans:
+                fh.seek(span.start)
+                out[span.name] = Stored(span.dtype, span.shape, fh.read(span.end - span.start))
+            return out
+    except FileNotFoundError:
+        raise UpdateDataError(f"--update-data {path}: no such file") from None
+    except (CheckpointError, OSError) as exc:
+        raise UpdateDataError(f"{path}: {exc}") from None
+
+
+def _spans(fh: BinaryIO, size: int, fmt: Any, header_spans: Any, file_spans: Any) -> Any:
+    if fmt.needs_seek:
+        return file_spans(fmt, fh, size)
+
+    def read(n: int) -> bytes:
+        data = fh.read(n)
+        if len(data) < n:
+            raise CheckpointError(f"file is truncated at byte {fh.tell()}")
+        return data
+
+    return header_spans(fmt, read)
+
+
+# --- what the update file says, per tensor -------------------------------------------
+
+Apply = Callable[[bytes | bytearray, str, tuple[int, ...]], bytes]
+
+
+def _numpy(stored: Stored, what: str) -> Any:
+    from git_theta.api._arrays import numpy_dtype
+
+    dtype = numpy_dtype(stored.dtype)
+    if dtype is None:
+        raise ValueError(f"{what} has dtype {stored.dtype}, which is not a number type")
+    import numpy as np
+
+    return np.frombuffer(stored.data, dtype=dtype).reshape(stored.shape)
+
+
+def sparse_updates(data_path: str) -> dict[str, Apply]:
+    """Tensor name -> function adding that tensor's sparse update to its value. The file
+    holds the predecessor's layout: ``T/data``, ``T/indices``, ``T/indptr`` and
+    ``T/shape``, the update as a 1 x N CSR matrix over the flattened tensor."""
+    tensors = read_tensors(data_path)
+    groups: dict[str, dict[str, Stored]] = {}
+    for key, stored in tensors.items():
+        name, _, part = key.rpartition("/")
+        if name and part in _SPARSE_KEYS:
+            groups.setdefault(name, {})[part] = stored
+    if not groups:
+        raise UpdateDataError(
+            f"{data_path}: no sparse updates found (expected T/data, T/indices, T/indptr and "
+            "T/shape for each tensor T)"
+        )
+    out = {}
+    for name, parts in groups.items():
+        missing = [k for k in ("data", "indices") if k not in parts]
+        if missing:
+            raise UpdateDataError(
+                f"{data_path}: sparse update of {name!r} lacks {name}/{missing[0]}"
+            )
+        out[name] = _sparse_apply(data_path, name, parts)
+    return out
+
+
+def _sparse_apply(data_path: str, name: str, parts: dict[str, Stored]) -> Apply:
+    import numpy as np
+
+    try:
+        values = _numpy(parts["data"], f"{name}/data").reshape(-1)
+        indices = _numpy(parts["indices"], f"{name}/indices").reshape(-1)
+        shape = (
+            tuple(int(d) for d in _numpy(parts["shape"], "shape").reshape(-1))
+            if ("shape" in parts)
+            else None
+        )
+        indptr = _numpy(parts["indptr"], "indptr").reshape(-1) if "indptr" in parts else None
+    except ValueError as exc:
+        raise UpdateDataError(f"{data_path}: {exc}") from None
+    if indices.dtype.kind not in "iu" or len(indices) != len(values):
+        raise UpdateDataError(
+            f"{data_path}: {name}/indices must be integers, one per value of {name}/data"
+        )
+    if indptr is not None and (len(indptr) != 2 or indptr[0] != 0 or indptr[1] != len(values)):
+        raise UpdateDataError(
+            f"{data_path}: {name}/indptr must be [0, {len(values)}] (one row: the flattened tensor)"
+        )
+
+    def apply(prev: bytes | bytearray, dtype: str, tensor_shape: tuple[int, ...]) -> bytes:
+        from git_theta.api._arrays import numpy_dtype
+
+        np_dtype = numpy_dtype(dtype)
+        if np_dtype is None:
+            raise UpdateDataError(f"{data_path}: {name!r} has dtype {dtype}: no sparse update")
+        if shape is not None and shape != tensor_shape:
+            raise UpdateDataError(
+                f"{data_path}: {name}/shape is {list(shape)}, the tensor's {list(tensor_shape)}"
+            )
+        new = np.frombuffer(prev, dtype=np_dtype).copy()
+        if len(indices) and (indices.min() < 0 or indices.max() >= new.size):
+            raise UpdateDataError(
+                f"{data_path}: {name}/indices go past the tensor's {new.size} elements"
+            )
+        # Only the listed elements change: an unlisted -0.0 stays -0.0.
+        np.add.at(new, indices.astype(np.int64), values.astype(np_dtype))
+        return new.tobytes()
+
+    return apply
+
+
+def factored_updates(data_path: str, update_type: str) -> tuple[UpdateType, Callable[[str], Any]]:
+    """(the plugin configured with the file's factors, name -> that tensor's factors or
+    None), through the same reader and matching ``--update-path`` uses."""
+    from git_theta.updates import UPDATES
+
+    try:
+        plugin = UPDATES.get(update_type).with_inputs(data_path)
+    except CheckpointError as exc:
+        raise UpdateDataError(f"{data_path}: {exc}") from None
+    find = getattr(plugin, "_find")  # noqa: B009 - the one matching of names, shared
+    return plugin, find
+
+
+# --- the rewritten file --------------------------------------------------------------
+
+
+class _Zip(NamedTuple):
+    """Where a stored zip member's CRC-32 is recorded, and its data."""
+
+    crc_at: tuple[int, ...]
+    start: int
+    end: int
+
+
+def _zip_members(fh: BinaryIO, size: int) -> list[_Zip]:
+    """Every member's data range and the offsets of its CRC-32 fields (local header,
+    central directory, data descriptor), so a rewritten member stays a valid zip."""
+    from git_theta.formats.zip_index import _zip64_fields, zip_data_start
+
+    tail_len = min(size, 65536 + 22)
+    fh.seek(size - tail_len)
+    tail = fh.read(tail_len)
+    at = tail.rfind(b"PK\x05\x06")
+    count, cd_size, cd_offset = struct.unpack_from("<HII", tail, at + 10)
+    if at >= 20 and tail[at - 20 : at - 16] == b"PK\x06\x07":
+        (eocd64,) = struct.unpack_from("<Q", tail, at - 20 + 8)
+        fh.seek(eocd64)
+        count, cd_size, cd_offset = struct.unpack_from("<QQQ", fh.read(56), 32)
+    fh.seek(cd_offset)
+    directory = fh.read(cd_size)
+    out = []
+    pos = 0
+    for _ in range(count):
+        flags, csize, usize, n_name, n_extra, n_comment = struct.unpack_from(
+            "<H10xIIHHH", directory, pos + 8
+        )
+        (offset,) = struct.unpack_from("<I", directory, pos + 42)
+        extra = directory[pos + 46 + n_name : pos + 46 + n_name + n_extra]
+        csize, offset = _zip64_fields(extra, csize, usize, offset)
+        start = zip_data_start(fh, offset, size)
+        crc_at = [offset + 14, cd_offset + pos + 16]
+        if flags & 8:  # a data descriptor after the data, with or without its signature
+            fh.seek(start + csize)
+            crc_at.append(start + csize + (4 if fh.read(4) == b"PK\x07\x08" else 0))
+        out.append(_Zip(tuple(crc_at), start, start + csize))
+        pos += 46 + n_name + n_extra + n_comment
+    return out
+
+
+_Bytes = bytes | Callable[[], bytes]  # given, or made when the stream reaches them
+
+
+class Rewrite:
+    """The checkpoint at ``path`` with some tensors' bytes replaced (same dtype and shape,
+    so the same layout), produced as a stream as often as needed; zip CRCs follow."""
+
+    def __init__(self, path: str, spans: list[TensorSpan], new: dict[str, Callable[[], bytes]]):
+        self.path = path
+        self.size = os.path.getsize(path)
+        self._replace = sorted(
+            ((s.start, s.end, new[s.name]) for s in spans if s.name in new), key=lambda r: r[0]
+        )
+        self._patches: list[tuple[int, int, bytes]] = []
+        self.zip = False
+
+    def fix_zip_crcs(self) -> None:
+        """Record the new CRC-32 of every zip member holding a replaced tensor."""
+        from git_theta.files import open_regular
+
+        with open_regular(self.path) as fh:
+            members = _zip_members(fh, self.size)
+        for member in members:
+            inside = [r for r in self._replace if member.start <= r[0] and r[1] <= member.end]
+            if not inside:
+                continue
+            crc = 0
+            for piece in self._pieces(member.start, member.end, inside):
+                crc = zlib.crc32(piece, crc)
+            value = struct.pack("<I", crc)
+            for at in member.crc_at:
+                self._patches.append((at, at + 4, value))
+
+    def _pieces(
+        self, start: int, end: int, replace: Sequence[tuple[int, int, _Bytes]]
+    ) -> Iterator[bytes]:
+        from git_theta.files import open_regular
+
+        with open_regular(self.path) as fh:
+            pos = start
+            for r_start, r_end, make in sorted(replace, key=lambda r: r[0]):
+                yield from _copy_range(fh, pos, r_start)
+                data = make if isinstance(make, bytes) else make()
+                assert len(data) == r_end - r_start
+                yield data
+                pos = r_end
+            yield from _copy_range(fh, pos, end)
+
+    def pieces(self) -> Iterator[bytes]:
+        """The new file's bytes, front to back."""
+        every: list[tuple[int, int, _Bytes]] = [*self._replace, *self._patches]
+        return self._pieces(0, self.size, every)
+
+
+def _copy_range(fh: BinaryIO, start: int, end: int) -> Iterator[bytes]:
+    fh.seek(start)
+    left = end - start
+    while left > 0:
+        piece = fh.read(min(left, _CHUNK))
+        if not piece:
+            raise CheckpointError("file changed while it was read")
+        left -= len(piece)
+        yield piece
+
+
+class _IterSource:
+    """clean's ``Source`` over an iterator of pieces."""
+
+    def __init__(self, pieces: Iterator[bytes]):
+        self._pieces = pieces
+        self._left = memoryview(b"")
+
+    def readinto(self, out: memoryview) -> int:
+        done = 0
+        while done < len(out):
+            if not self._left:
+                piece = next(self._pieces, None)
+                if piece is None:
+                    break
+                self._left = memoryview(piece)
+            n = min(len(self._left), len(out) - done)
+            out[done : done + n] = self._left[:n]
+            self._left = self._left[n:]
+            done += n
+        return done
+
+    def read(self, n: int = -1) -> bytes:
+        parts = []
+        want = n if n >= 0 else 1 << 62
+        while want > 0:
+            buf = bytearray(min(want, _CHUNK))
+            got = self.readinto(memoryview(buf))
+            if not got:
+                break
+            parts.append(bytes(buf[:got]))
+            want -= got
+        return b"".join(parts)
+
+
+# --- the command ---------------------------------------------------------------------
+
+
+def add_with_update_data(paths: list[str], update_type: str | None, data_path: str) -> int:
+    """``git theta add PATHS --update-type TYPE --update-data FILE``; returns 0. Raises
+    UsageError (naming FILE or the checkpoint) when they do not fit."""
+    if update_type not in TYPES:
+        raise UsageError("--update-data needs --update-type sparse, low-rank or ia3")
+    if not os.path.isfile(data_path):
+        raise UsageError(f"--update-data {data_path}: no such file")
+    # Messages name the file as the user gave it; it is read from where it is now.
+    os.environ.pop(DATA_ENV, None)  # git's filter, run for the refresh, refuses it
+    from git_theta.api._stage import Where, require_tracked
+    from git_theta.repo import Repo
+
+    for path in paths:
+        where = Where(".", path)
+        require_tracked(where)
+        repo = Repo(where.top)
+        try:
+            _add_one(repo, where, path, update_type, data_path)
+        finally:
+            repo.close()
+    return 0
+
+
+def _add_one(repo: Repo, where: Where, shown: str, update_type: str, data_path: str) -> None:
+    from git_theta.smudge import file_matches
+
+    previous = repo.staged_manifest(where.path)
+    if previous is None:
+        raise UsageError(
+            f"{shown} has no staged git-theta version to apply {data_path} to: "
+            f"`git add {shown}` (and commit) it first"
+        )
+    if not os.path.isfile(where.full):
+        raise UsageError(f"{shown}: no such file in the work tree (`git checkout -- {shown}`)")
+    if not file_matches(where.full, previous, repo.store):
+        _add_as_it_is(where, shown, update_type, data_path)
+        return
+    spans = _file_spans(where.full)
+    by_name = {s.name: s for s in spans}
+    new: dict[str, Callable[[], bytes]] = {}
+    update_for: Callable[[str], UpdateType]
+    from git_theta.updates import UPDATES
+
+    if update_type == "sparse":
+        plugin = UPDATES.get("sparse")
+        for name, apply in sparse_updates(data_path).items():
+            span = by_name.get(name)
+            if span is None:
+                raise UpdateDataError(f"{data_path}: {shown} has no tensor {name!r}")
+            new[name] = _lazy(where.full, span, apply)
+    else:
+        from git_theta.updates.factored import reproduce
+
+        plugin, find = factored_updates(data_path, update_type)
+        for span in spans:
+            inputs = find(span.name)
+            if inputs is None:
+                continue
+
+            def apply(prev: bytes | bytearray, dtype: str, shape: tuple[int, ...],
+                      inputs: Any = inputs, name: str = span.name) -> bytes:  # fmt: skip
+                out = reproduce(prev, dtype, shape, inputs)
+                if out is None:
+                    raise UpdateDataError(
+                        f"{data_path}: the {update_type} factors of {name!r} do not fit its "
+                        f"shape {list(shape)} and dtype {dtype}"
+                    )
+                return out
+
+            new[span.name] = _lazy(where.full, span, apply)
+        if not new:
+            raise UpdateDataError(f"{data_path}: none of its factors name a tensor of {shown}")
+    update_for = lambda _name: plugin  # noqa: E731
+    rewrite = Rewrite(where.full, spans, new)
+    if _is_zip(where.full):
+        rewrite.fix_zip_crcs()
+    from git_theta.api._stage import clean_to_manifest, install_hooks_quietly, stage_manifest
+
+    manifest = clean_to_manifest(repo, where, _IterSource(rewrite.pieces()), update_for)
+    stage_manifest(where, manifest)
+    from git_theta.files import atomic_write
+
+    try:
+        atomic_write(where.full, rewrite.pieces(), within=where.top)
+    except ThetaError as exc:
+        exc.add_note(f"{shown} is staged with the update, but its file was not rewritten")
+        raise
+    refresh(where)
+    install_hooks_quietly(where.top)
+    sys.stderr.write(f"git-theta: {shown}: applied the {update_type} update from {data_path}\n")
+
+
+def refresh(where: Where) -> None:
+    """Let the index learn the rewritten file's stat data (git checks its content once,
+    with our filter), so ``git status`` and ``git diff-index`` see it as unchanged."""
+    from git_theta.proc import run
+
+    run("git", "update-index", "-q", "--refresh", "--", where.path, check=False, cwd=where.top)
+
+
+def _lazy(path: str, span: TensorSpan, apply: Apply) -> Callable[[], bytes]:
+    """The new value of ``span``'s tensor, computed from the file each time it is asked
+    for (the rewrite streams the file more than once; values are not all held)."""
+
+    def make() -> bytes:
+        from git_theta.files import open_regular
+
+        with open_regular(path) as fh:
+            fh.seek(span.start)
+            prev = fh.read(span.end - span.start)
+        out = apply(prev, span.dtype, span.shape)
+        if len(out) != len(prev):
+            raise UpdateDataError(f"the update of {span.name!r} changes its size")
+        return out
+
+    return make
+
+
+def _file_spans(path: str) -> list[TensorSpan]:
+    from git_theta.files import open_regular
+    from git_theta.formats import detect, file_spans, header_spans
+    from git_theta.formats.base import SNIFF_MAX
+
+    with open_regular(path) as fh:
+        size = os.fstat(fh.fileno()).st_size
+        fmt = detect(fh.read(SNIFF_MAX), path)
+        fh.seek(0)
+        spans: list[TensorSpan] = _spans(fh, size, fmt, header_spans, file_spans)
+        return spans
+
+
+def _is_zip(path: str) -> bool:
+    from git_theta.files import open_regular
+
+    with open_regular(path) as fh:
+        return fh.read(4) == b"PK\x03\x04"
+
+
+def _add_as_it_is(where: Where, shown: str, update_type: str, data_path: str) -> None:
+    """The file changed since it was staged: it is what gets committed (``--update-path``
+    semantics for low-rank and ia3; sparse is computed from the file)."""
+    from git_theta.proc import run_attached
+    from git_theta.update_rules import ENV, PATH_ENV
+
+    os.environ[ENV] = update_type
+    os.environ.pop(DATA_ENV, None)  # the filter refuses it: it cannot rewrite the file
+    if update_type != "sparse":
+        os.environ[PATH_ENV] = data_path
+    else:
+        sys.stderr.write(
+            f"git-theta: {shown} changed since it was staged, so it is added as it is and "
+            f"{data_path} is not applied (to apply it, `git checkout -- {shown}` first)\n"
+        )
+    code = run_attached("git", "add", "--", shown)
+    if code != 0:
+        raise ThetaError(f"git add {shown} failed (see git's message above)")
