@@ -11,7 +11,15 @@ from collections.abc import Callable
 from typing import Any
 
 from git_theta import git
-from git_theta.diffing import FileDiff, TensorDiff, TensorSide, compare, from_file, from_manifest
+from git_theta.diffing import (
+    FileDiff,
+    TensorDiff,
+    TensorSide,
+    compare,
+    from_file,
+    from_manifest,
+    manifest_objects,
+)
 from git_theta.display import escape
 from git_theta.errors import ObjectCorruptError, ObjectMissingError, UsageError
 from git_theta.files import open_regular
@@ -46,10 +54,18 @@ def _tensor_line(t: TensorDiff) -> str:
         else:
             parts.append(_shape(t.new))
         parts.append(t.new.update)
-        if t.changed is not None:
+        if t.blocks is not None:  # quantized: what changed is whole blocks
+            changed, total = t.blocks
+            kind = t.new.dtype.removeprefix("GGML_")
+            parts.append(
+                f"{t.changed:,}/{t.numel:,} in changed blocks ({changed:,}/{total:,} "
+                f"{kind} blocks, {_pct(changed, total)})"
+            )
+        elif t.changed is not None:
             parts.append(f"{t.changed:,}/{t.numel:,} changed ({_pct(t.changed, t.numel)})")
         if t.l2 is not None:
-            parts.append(f"L2 {t.l2:.4g}  max {t.max_abs:.4g}  rel {t.rel:.4g}")
+            rel = f"{t.rel:.4g}" if t.rel is not None else "n/a"  # the note says why
+            parts.append(f"L2 {t.l2:.4g}  max {t.max_abs:.4g}  rel {rel}")
         if t.update_summary:
             parts.append(t.update_summary)
         if t.note:
@@ -75,17 +91,35 @@ def _bytes(n: int) -> str:
 
 def _header(report: FileDiff) -> str:
     total = len(report.tensors) + report.unchanged
+    # git's diff driver sees one file, not the version: objects that other files of the
+    # old version hold are counted, so it says what it counts.
+    stored = "stored for the change" if report.stored_scope == "version" else "new to this file"
     return (
         f"{len(report.tensors)} of {total} tensors changed: {report.params_changed:,} of "
         f"{report.params_total:,} parameters ({_pct(report.params_changed, report.params_total)}),"
-        f" {_bytes(report.bytes_stored)} stored for the change"
+        f" {_bytes(report.bytes_stored)} {stored}"
     )
 
 
-def _group(name: str) -> str:
-    """The prefix a tensor is grouped under: up to its first numeric component (a layer)."""
-    match = re.match(r"^(.*?\.\d+)(\.|$)", name)
-    return match.group(1) if match else name.split(".", 1)[0]
+_SEPARATOR = re.compile(r"([./])")  # safetensors and torch names use '.', Flax, HDF5, npz '/'
+
+
+def _group(name: str, depth: int = 1) -> str:
+    """The prefix a tensor is grouped under: up to its first numeric component (a layer)
+    other than its last, else its first ``depth`` components (at '.' or '/')."""
+    parts = _SEPARATOR.split(name)  # components at even places, separators between
+    for i in range(2, len(parts) - 1, 2):
+        if parts[i].isdigit():
+            return "".join(parts[: i + 1])
+    return "".join(parts[: 2 * depth - 1])
+
+
+def _group_depth(names: list[str]) -> int:
+    """2 when every name starts with the same component and goes deeper (Flax's
+    ``params/``, Keras's ``layers/``): grouping by it alone would make one group."""
+    firsts = {_SEPARATOR.split(n, maxsplit=1)[0] for n in names}
+    deep = any(len(_SEPARATOR.split(n)) > 3 for n in names)
+    return 2 if len(names) > 1 and len(firsts) == 1 and deep else 1
 
 
 def render_text(report: FileDiff, stat: bool, colour: bool) -> str:
@@ -95,8 +129,9 @@ def render_text(report: FileDiff, stat: bool, colour: bool) -> str:
     lines = [f"diff --theta a/{path} b/{path}", _header(report)]
     if stat:
         groups: dict[str, list[TensorDiff]] = {}
+        depth = _group_depth([t.name for t in report.tensors])
         for t in report.tensors:
-            groups.setdefault(_group(t.name), []).append(t)
+            groups.setdefault(_group(t.name, depth), []).append(t)
         for prefix, items in groups.items():
             params = sum(t.changed if t.changed is not None else t.numel for t in items)
             kinds = ", ".join(
@@ -135,12 +170,15 @@ def render_json(reports: list[FileDiff]) -> str:
             "parameters_changed": r.params_changed,
             "parameters_total": r.params_total,
             "bytes_stored": r.bytes_stored,
+            "bytes_stored_scope": r.stored_scope,
             "tensors": [
                 {
                     "name": t.name, "status": t.status, "old": _side_json(t.old),
                     "new": _side_json(t.new), "numel": t.numel, "changed": t.changed,
-                    "l2": t.l2, "max_abs": t.max_abs, "rel": t.rel, "note": t.note or None,
-                    "update_summary": t.update_summary or None,
+                    "l2": t.l2, "max_abs": t.max_abs, "rel": t.rel, "old_norm": t.old_norm,
+                    "blocks_changed": t.blocks[0] if t.blocks else None,
+                    "blocks": t.blocks[1] if t.blocks else None,
+                    "note": t.note or None, "update_summary": t.update_summary or None,
                 }
                 for t in r.tensors
             ],
@@ -260,14 +298,21 @@ def diff(
             return from_manifest(found[path], store)
         return lfs_side(f"{rev}:{path}", repo) or {}  # an LFS version of a tracked path
 
+    # "Stored for the change": objects no file of the old version references (a tensor
+    # that moved to another shard costs nothing), each counted in the first file using it.
+    counted = set().union(*(manifest_objects(m) for m in old_m.values()))
     for path in names:
         old = side(old_m, old_rev, path)
+        new_objects: set[tuple[str, int]] | None = None
         if new_m is not None:
             new = side(new_m, new_rev, path)
+            if path in new_m:
+                new_objects = manifest_objects(new_m[path])
         else:
             full = os.path.join(top, path)
             new = file_side(full, store) if os.path.exists(full) else {}
-        report = compare(path, old, new, name_filter)
+        report = compare(path, old, new, name_filter, counted, new_objects)
+        counted = counted | (new_objects or set())
         if report.tensors or as_json:
             reports.append(report)
     if as_json:
