@@ -209,3 +209,13 @@ def test_a_tensor_that_moved_between_shards_is_not_stored_for_the_change(repo: P
     assert sum(f["bytes_stored"] for f in report["files"]) == expected
     moved = theta(repo, "diff", "HEAD~1", "HEAD", "--", "s2.safetensors").stdout
     assert f", {expected - report['files'][0]['bytes_stored']} B stored for the change" in moved
+
+
+def test_git_show_measures_a_compressed_npz_member(repo: Path) -> None:
+    track(repo, "*.npz")
+    np.savez_compressed(repo / "a.npz", w=np.full(4, 2.0, np.float32))
+    commit(repo, "v1")
+    np.savez_compressed(repo / "a.npz", w=np.full(4, 3.0, np.float32))
+    commit(repo, "v2")
+    shown = git(repo, "show", "HEAD", "--", "a.npz").stdout.decode()
+    assert "-w  F32 [4]  L2 4  " in shown and "+w  F32 [4]  L2 6  " in shown

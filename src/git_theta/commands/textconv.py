@@ -12,7 +12,7 @@ import sys
 import numpy as np
 
 from git_theta.commands.diff import file_side
-from git_theta.diffing import from_file
+from git_theta.diffing import DEFLATED, from_file
 from git_theta.display import escape
 from git_theta.files import open_regular
 from git_theta.manifest import is_manifest
@@ -38,6 +38,9 @@ def textconv(path: str) -> int:
             norms[name] = _l2(side.load(), side.dtype) if side.load is not None else ""
     else:  # one read per tensor: hashed and measured together
         sides = from_file(path, lambda name, dtype, data: norms.__setitem__(name, _l2(data, dtype)))
+        for name, side in sides.items():  # compressed npz members: inflated to measure
+            if side.update == DEFLATED and side.load is not None and not side.unreadable:
+                norms[name] = _l2(side.load(), side.dtype)
     out = [f"{len(sides)} tensors"]
     for name in sorted(sides):
         side = sides[name]
