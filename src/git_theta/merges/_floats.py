@@ -76,14 +76,15 @@ def _fp8_table(dtype: str) -> np.ndarray:
     return table
 
 
-def widen(data: np.ndarray, dtype: str) -> np.ndarray:
-    """Return the values of contiguous tensor bytes ``data`` (any view) as a new 1-D
-    float32 array (float64 for F64); only for a ``combinable`` dtype."""
+def widen(data: np.ndarray, dtype: str, copy: bool = True) -> np.ndarray:
+    """Return the values of contiguous tensor bytes ``data`` (any view) as a 1-D float32
+    array (float64 for F64), only for a ``combinable`` dtype: a new array, or for F32
+    and F64 with ``copy`` false a view of ``data`` (for a caller's own scratch copy)."""
     flat = data.reshape(-1).view(np.uint8)
     if dtype == "F64":
-        return flat.view("<f8").astype(np.float64)
+        return flat.view("<f8").astype(np.float64, copy=copy)
     if dtype == "F32":
-        return flat.view("<f4").astype(np.float32)
+        return flat.view("<f4").astype(np.float32, copy=copy)
     if dtype == "F16":
         return flat.view("<f2").astype(np.float32)
     if dtype == "BF16":  # the top half of a float32

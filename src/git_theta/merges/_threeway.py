@@ -115,9 +115,13 @@ def _resolve(
             f"tensor {tensor}: {strategy.name} cannot combine {dtype} tensors; "
             "use ours, theirs or base"
         )
-    if strategy.elementwise:  # only the conflicting elements are computed
-        part_b = None if b is None else _floats.widen(b[conflict], dtype)
-        part_o, part_t = _floats.widen(o[conflict], dtype), _floats.widen(t[conflict], dtype)
+    # An element-wise strategy computes only the conflicting elements, unless they are
+    # most of the tensor: then gathering them costs more than computing the rest.
+    if strategy.elementwise and int(np.count_nonzero(conflict)) * 2 < conflict.size:
+        # The gathered elements are fresh copies: F32/F64 ones are used in place.
+        part_b = None if b is None else _floats.widen(b[conflict], dtype, copy=False)
+        part_o = _floats.widen(o[conflict], dtype, copy=False)
+        part_t = _floats.widen(t[conflict], dtype, copy=False)
         values = strategy.combine(part_b, part_o, part_t, params)
         result[conflict] = _floats.narrow(values, dtype).view(result.dtype)
         return

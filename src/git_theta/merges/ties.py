@@ -22,7 +22,9 @@ def trim(delta: np.ndarray, density: float) -> np.ndarray:
         return delta
     k = max(1, int(density * n))
     magnitude = np.abs(delta)
-    cut = np.partition(magnitude, n - k)[n - k]  # the k-th largest magnitude
+    magnitude.partition(n - k)  # in place: only the k-th largest magnitude is needed
+    cut = magnitude[n - k]
+    np.abs(delta, out=magnitude)
     keep = magnitude > cut
     missing = k - int(np.count_nonzero(keep))
     if missing > 0:
@@ -44,16 +46,21 @@ def elect(
     ``theirs``: the elected sign of each element is that of their sum (+ for 0); only
     the vectors with that sign contribute; with ``normalize`` their sum is divided by the
     sum of their weights (the disjoint mean). Overwrites the inputs; returns the result."""
-    positive = np.add(ours, theirs) >= 0
-    divisor: np.ndarray | None = None
+    scratch = np.add(ours, theirs)
+    positive = scratch >= 0
     kind = ours.dtype.type
+    divisor = None
+    if normalize:  # the scratch buffer becomes the sum of the agreeing weights
+        divisor = scratch
+        divisor.fill(0)
+    else:
+        del scratch
     for delta, weight in ((ours, weights[0]), (theirs, weights[1])):
         agrees = np.where(positive, delta > 0, delta < 0)
         delta *= agrees
-        if normalize:
-            share = agrees * kind(weight)
-            divisor = share if divisor is None else divisor + share
-    del positive
+        if divisor is not None:
+            np.add(divisor, kind(weight), out=divisor, where=agrees)
+    del positive, agrees
     ours += theirs
     if divisor is not None:
         divisor[divisor == 0] = 1
