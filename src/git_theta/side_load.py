@@ -170,8 +170,8 @@ def _sparse_apply(data_path: str, name: str, parts: dict[str, Stored]) -> Apply:
 
 
 def factored_updates(data_path: str, update_type: str) -> tuple[UpdateType, Callable[[str], Any]]:
-    """(the plugin configured with the file's factors, name -> that tensor's factors or
-    None), through the same reader and matching ``--update-path`` uses."""
+    """(the plugin configured with the file's factors, name -> (key, that tensor's
+    candidate factors)), through the same reader and matching ``--update-path`` uses."""
     from git_theta.updates import UPDATES
 
     try:
@@ -381,23 +381,20 @@ def _add_one(repo: Repo, where: Where, shown: str, update_type: str, data_path: 
                 raise UpdateDataError(f"{data_path}: {shown} has no tensor {name!r}")
             new[name] = _lazy(where.full, span, apply)
     else:
-        from git_theta.updates.factored import reproduce
+        from git_theta.updates.factored import apply_update
 
         plugin, find = factored_updates(data_path, update_type)
         for span in spans:
-            inputs = find(span.name)
-            if inputs is None:
+            _key, candidates = find(span.name)
+            if not candidates:
                 continue
 
             def apply(prev: bytes | bytearray, dtype: str, shape: tuple[int, ...],
-                      inputs: Any = inputs, name: str = span.name) -> bytes:  # fmt: skip
-                out = reproduce(prev, dtype, shape, inputs)
-                if out is None:
-                    raise UpdateDataError(
-                        f"{data_path}: the {update_type} factors of {name!r} do not fit its "
-                        f"shape {list(shape)} and dtype {dtype}"
-                    )
-                return out
+                      candidates: Any = candidates, name: str = span.name) -> bytes:  # fmt: skip
+                try:  # H3's definition: previous + update, as torch merges it
+                    return apply_update(prev, dtype, shape, candidates)
+                except UsageError as exc:
+                    raise UpdateDataError(f"{data_path}: {name!r}: {exc}") from None
 
             new[span.name] = _lazy(where.full, span, apply)
         if not new:
