@@ -403,7 +403,12 @@ def _add_one(repo: Repo, where: Where, shown: str, update_type: str, data_path: 
     rewrite = Rewrite(where.full, spans, new)
     if _is_zip(where.full):
         rewrite.fix_zip_crcs()
-    from git_theta.api._stage import clean_to_manifest, install_hooks_quietly, stage_manifest
+    from git_theta.api._stage import (
+        clean_to_manifest,
+        install_hooks_quietly,
+        refresh,
+        stage_manifest,
+    )
 
     manifest = clean_to_manifest(repo, where, _IterSource(rewrite.pieces()), update_for)
     stage_manifest(where, manifest)
@@ -417,14 +422,6 @@ def _add_one(repo: Repo, where: Where, shown: str, update_type: str, data_path: 
     refresh(where)
     install_hooks_quietly(where.top)
     sys.stderr.write(f"git-theta: {shown}: applied the {update_type} update from {data_path}\n")
-
-
-def refresh(where: Where) -> None:
-    """Let the index learn the rewritten file's stat data (git checks its content once,
-    with our filter), so ``git status`` and ``git diff-index`` see it as unchanged."""
-    from git_theta.proc import run
-
-    run("git", "update-index", "-q", "--refresh", "--", where.path, check=False, cwd=where.top)
 
 
 def _lazy(path: str, span: TensorSpan, apply: Apply) -> Callable[[], bytes]:

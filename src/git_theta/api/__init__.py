@@ -85,6 +85,8 @@ def save(
         blob = _save_stream(theta, where, state_dict, fmt, update_for, write_file, metadata)
     finally:
         theta.close()
+    if write_file:
+        _stage.refresh(where)
     _stage.install_hooks_quietly(where.top)
     commit = None
     if message is not None:

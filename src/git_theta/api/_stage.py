@@ -103,6 +103,14 @@ def stage_manifest(where: Where, manifest: bytes) -> str:
     return oid
 
 
+def refresh(where: Where) -> None:
+    """Let the index learn the work-tree file's stat data (git checks its content once,
+    with our filter), so ``git status`` and ``git diff-index`` see it as unchanged."""
+    from git_theta.proc import run
+
+    run("git", "update-index", "-q", "--refresh", "--", where.path, check=False, cwd=where.top)
+
+
 def install_hooks_quietly(top: str) -> None:
     """Install the pre-push hook as the filter does on its first run: a save that never
     ran the filter must still upload its objects on push. A warning, never a failure."""
