@@ -51,7 +51,7 @@ class Question:
     reason: str
     computable: bool  # False: only a strategy that picks a side resolves it
     entries: tuple[TensorEntry | None, TensorEntry | None, TensorEntry | None]  # b, o, t
-    values: tuple[bytes | bytearray | None, ...] = ()  # decoded b, o, t (computable only)
+    values: tuple[bytearray | None, ...] = ()  # decoded b, o, t (computable only)
     both: int = 0  # elements both sides changed differently
 
 
@@ -166,12 +166,23 @@ class _Tensors:
     def decode(
         self, name: str, entries: tuple[TensorEntry | None, ...], size: int
     ) -> list[bytearray | None]:
+        """The values of (base, ours, theirs), each verified against its hash. Two
+        fine-tunes of one base usually store their values as updates on the base's
+        chain: the base is then decoded once and only their own updates applied."""
         from git_theta import chains
 
-        return [
-            None if e is None else chains.rebuild(name, e, self.values.store, limit=size)
-            for e in entries
-        ]
+        store = self.values.store
+        b = entries[0]
+        base = None if b is None else chains.rebuild(name, b, store, limit=size)
+        out: list[bytearray | None] = [base]
+        for e in entries[1:]:
+            value = None
+            if e is not None and b is not None and base is not None:
+                value = _on_base(e, b, base, self.values.store)
+            if value is None and e is not None:
+                value = chains.rebuild(name, e, store, limit=size)
+            out.append(value)
+        return out
 
     def combine(
         self,
@@ -220,6 +231,31 @@ class _Tensors:
             shape=ours.shape,
         )
         return TensorEntry(ours.dtype, ours.shape, content_hash(data), chain)
+
+
+def _on_base(
+    entry: TensorEntry, base: TensorEntry, value: bytearray, store: ObjectStore
+) -> bytearray | None:
+    """``entry``'s value from its base's decoded ``value`` plus the links it adds, when
+    its chain extends the base's and the result has its hash; else None (the caller
+    rebuilds it the long way, which names whatever is wrong)."""
+    from git_theta.content import content_hash
+    from git_theta.errors import ThetaError
+    from git_theta.updates import UPDATES
+
+    n = len(base.chain)
+    if entry.dtype != base.dtype or entry.chain[:n] != base.chain:
+        return None
+    out = bytearray(value)  # updates apply in place; the base is used again
+    try:
+        for link in entry.chain[n:]:
+            plugin = UPDATES.get(link.update)
+            if plugin.codec != link.codec:
+                return None
+            out = plugin.apply(out, store.get(link.ref), entry.dtype, limit=len(value))
+    except ThetaError:
+        return None
+    return out if content_hash(out) == entry.hash else None
 
 
 def merge3(
@@ -319,7 +355,6 @@ def _merge_both(
     size: int,
 ) -> None:
     """Resolve the tensors both sides changed, in ``tensors``; the rest are conflicts."""
-    from git_theta.errors import ThetaError
     from git_theta.merges.base import MergeError
 
     def conflict(name: str, reason: str) -> None:
@@ -366,36 +401,76 @@ def _merge_both(
         for name in computable
         for e in (b_tensors.get(name), ours.tensors.get(name), theirs.tensors.get(name))
     )
-    for name in computable:
+
+    def first_pass(name: str) -> tuple[str, TensorEntry | MergeError | Question, Choice | None]:
+        """Merge one tensor with its configured strategy (or none: exact when no element
+        changed differently on both); runs on worker threads. Returns what happened:
+        ("done", entry), ("conflict", error) or ("ask", question for the prompt)."""
         b, o, t = b_tensors.get(name), ours.tensors[name], theirs.tensors[name]
         entries3 = (b, o, t)
         # Element-wise even for a side-picking strategy: it picks only where both sides
         # changed an element differently, as git's -X ours/theirs keeps the other's hunks.
         choice = choose(name)
+        values = merger.decode(name, entries3, size)
         try:
-            values = merger.decode(name, entries3, size)
-            first = choice or Choice("ours")
-            done = merger.combine(name, first, entries3, values)
-            if done.merged and choice is None:
-                question = Question(name, "changed on both sides", True, entries3)
-                question.values, question.both = tuple(values), done.merged
-                choice = merger.ask(question) if merger.ask is not None else None
-                if choice is None:
-                    conflict(name, f"{done.merged:,} elements changed differently on both sides")
-                    continue
-                done = merger.combine(name, choice, entries3, values)
-            ov = values[1]
-            assert ov is not None
-            entry = merger.store(name, o, ov, done)
+            done = merger.combine(name, choice or Choice("ours"), entries3, values)
+        except MergeError as exc:
+            return "conflict", exc, choice
+        if done.merged and choice is None:
+            question = Question(name, "changed on both sides", True, entries3)
+            question.values, question.both = tuple(values), done.merged
+            return "ask", question, None
+        ours_value = values[1]
+        assert ours_value is not None
+        values.clear()  # base and theirs are not needed to store the result
+        return (
+            "done",
+            merger.store(name, o, ours_value, done)._replace(merge=_record(choice, done)),
+            choice,
+        )
+
+    def weight(name: str) -> int:
+        return 6 * nbytes(ours.tensors[name])  # three values, working copies, the result
+
+    from git_theta.parallel import ordered_map
+
+    asked: list[Question] = []
+    for name, (what, got, _choice) in zip(
+        computable, ordered_map(first_pass, computable, weight), strict=True
+    ):
+        if what == "done":
+            assert isinstance(got, TensorEntry) and got.merge is not None
+            tensors[name] = got
+            result.records[name] = got.merge
+        elif what == "conflict":
+            conflict(name, str(got))
+        else:
+            assert isinstance(got, Question)
+            asked.append(got)
+    # The prompt, one tensor at a time, after the merges that needed none.
+    for question in asked:
+        name = question.name
+        choice = merger.ask(question) if merger.ask is not None else None
+        if choice is None:
+            conflict(name, f"{question.both:,} elements changed differently on both sides")
+            question.values = ()
+            continue
+        values = list(question.values)
+        question.values = ()
+        entries3 = (b_tensors.get(name), ours.tensors[name], theirs.tensors[name])
+        try:
+            done = merger.combine(name, choice, entries3, values)
         except MergeError as exc:
             conflict(name, str(exc))
             continue
-        except ThetaError:
-            raise
+        ours_value = values[1]
+        assert ours_value is not None
+        values.clear()
         record = _record(choice, done)
-        tensors[name] = entry._replace(merge=record)
+        tensors[name] = merger.store(name, ours.tensors[name], ours_value, done)._replace(
+            merge=record
+        )
         result.records[name] = record
-        del values
 
 
 def nbytes(entry: TensorEntry) -> int:
