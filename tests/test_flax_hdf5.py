@@ -191,7 +191,8 @@ def test_corrupt_hdf5_is_one_clear_error_and_nothing_is_staged(tracked: Path) ->
     ("fake", "message"),
     [
         ("raise ImportError('no h5py here')",
-         "adding an HDF5 file needs h5py (pip install h5py); checking out does not"),
+         "reading an HDF5 file needs h5py, which is not installed: pip install h5py "
+         "(checking out does not need it)"),
         ("import os\nos.abort()",
          "HDF5 file could not be read: the HDF5 library crashed (SIGABRT)"),
     ],

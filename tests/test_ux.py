@@ -298,3 +298,126 @@ def test_a_per_user_install_leaves_the_current_repository_alone(
     assert "`git theta track PATTERN` installs the pre-push hook" in capsys.readouterr().err
     assert main(["track", "*.safetensors"]) == 0
     assert (work / ".git/hooks/pre-push").exists()
+
+
+def _broken_h5py_filter(repo: Path, tmp_path: Path) -> str:
+    """A filter command whose Python has no working h5py (see test_flax_hdf5.py)."""
+    import shlex
+
+    venv = tmp_path / "no-h5py"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    (site,) = venv.glob("lib/python*/site-packages")
+    (site / "h5py.py").write_text("raise ImportError('no h5py here')\n")
+    ours = next(p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir())
+    (site / "project.pth").write_text(f"import site; site.addsitedir({ours!r})\n")
+    return shlex.join([str(venv / "bin" / "python"), "-E", "-P", "-m", "git_theta"])
+
+
+def test_status_and_diff_degrade_without_h5py_and_add_refuses(repo: Path, tmp_path: Path) -> None:
+    import h5py
+    import numpy as np
+
+    assert main(["track", "*.h5"]) == 0
+    for name, value in (("a.h5", 1.0), ("b.h5", 2.0)):
+        with h5py.File(repo / name, "w") as f:
+            f["w"] = np.full(100, value, dtype=np.float32)
+    git(repo, "add", ".gitattributes", "a.h5", "b.h5")
+    git(repo, "commit", "-q", "-m", "h5")
+    broken = _broken_h5py_filter(repo, tmp_path)
+    git(repo, "config", "--local", "filter.theta.process", f"{broken} filter-process")
+    for name in ("a.h5", "b.h5"):
+        with h5py.File(repo / name, "r+") as f:
+            f["w"][0] = 9.0
+    warning = (
+        "git-theta: warning: reading an HDF5 file needs h5py, which is not installed: pip "
+        "install h5py; HDF5 files may show as modified until then\n"
+    )
+    status = git(repo, "status", "--porcelain", check=False)
+    assert (status.returncode, status.stdout) == (0, b" M a.h5\n M b.h5\n")
+    assert status.stderr.decode() == warning  # once for both files
+    diff = git(repo, "diff", "--stat", check=False)
+    assert diff.returncode == 0 and b"a.h5" in diff.stdout
+    add = git(repo, "add", "a.h5", check=False)
+    assert add.returncode != 0
+    assert add.stderr.decode().splitlines()[0] == (
+        "git-theta: error: a.h5: reading an HDF5 file needs h5py, which is not installed: "
+        "pip install h5py (checking out does not need it)"
+    )
+    assert git(repo, "diff", "--cached", "--name-only").stdout == b""
+
+
+def test_a_malformed_rules_file_degrades_status_and_fails_add(repo: Path) -> None:
+    (repo / "model.safetensors").write_bytes(st_from_arrays(f32(SHAPES, 1)))
+    git(repo, "add", "model.safetensors")
+    git(repo, "commit", "-q", "-m", "v1")
+    (repo / ".theta-updates").write_text("layer.* sparse extra\n")
+    (repo / "model.safetensors").write_bytes(st_from_arrays(f32(SHAPES, 2)))
+    status = git(repo, "status", "--porcelain", check=False)
+    assert status.returncode == 0
+    assert b" M model.safetensors\n" in status.stdout
+    assert status.stderr.decode() == (
+        "git-theta: warning: .theta-updates:1: expected 'TENSOR_GLOB UPDATE_TYPE', got "
+        "'layer.* sparse extra'; using auto until it is fixed (git add refuses it)\n"
+    )
+    assert git(repo, "diff", check=False).returncode == 0
+    add = git(repo, "add", "model.safetensors", check=False)
+    assert add.returncode != 0
+    assert add.stderr.decode().splitlines()[0] == (
+        "git-theta: error: model.safetensors: .theta-updates:1: expected 'TENSOR_GLOB "
+        "UPDATE_TYPE', got 'layer.* sparse extra'"
+    )
+
+
+def test_forcing_an_update_type_restages_and_says_when_it_stored_dense(repo: Path) -> None:
+    import json
+
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal(4096).astype(np.float32)
+    (repo / "model.safetensors").write_bytes(st_from_arrays({"w": weight}))
+    git(repo, "add", "model.safetensors")
+    git(repo, "commit", "-q", "-m", "v1")
+
+    def staged_chain() -> list[str]:
+        manifest = json.loads(git(repo, "show", ":model.safetensors").stdout)
+        return [link["update"] for link in manifest["tensors"]["w"]["chain"]]
+
+    weight[7] += 1
+    (repo / "model.safetensors").write_bytes(st_from_arrays({"w": weight}))
+    git(repo, "add", "model.safetensors")  # auto: a sparse change
+    assert staged_chain() == ["dense", "sparse"]
+    done = subprocess.run(
+        ["git", "theta", "add", "model.safetensors", "--update-type", "dense"],
+        cwd=repo, capture_output=True, text=True,
+    )  # fmt: skip
+    assert (done.returncode, done.stderr) == (0, "")
+    assert staged_chain() == ["dense"]  # really stored again, as asked
+
+    every = rng.standard_normal(4096).astype(np.float32)
+    (repo / "model.safetensors").write_bytes(st_from_arrays({"w": every}))
+    done = subprocess.run(
+        ["git", "theta", "add", "model.safetensors", "--update-type", "sparse"],
+        cwd=repo, capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0
+    assert done.stderr == (
+        "git-theta: model.safetensors: stored 1 changed tensor(s) dense (e.g. 'w'), not "
+        "sparse: a dense value was smaller (most elements changed) or the type cannot "
+        "describe the change\n"
+    )
+    assert staged_chain() == ["dense"]
+
+
+def test_an_update_type_for_a_path_git_theta_does_not_track_is_refused(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (repo / "notes.txt").write_text("hello\n")
+    capsys.readouterr()
+    assert main(["add", "notes.txt", "--update-type", "sparse"]) == 2
+    assert capsys.readouterr().err == (
+        "git-theta: error: notes.txt is not tracked by git-theta (no filter=theta "
+        "attribute), so --update-type sparse does not apply to it; run `git theta track "
+        "notes.txt` first, or stage it with `git add notes.txt`\n"
+    )
+    assert git(repo, "diff", "--cached", "--name-only").stdout == b""

@@ -81,9 +81,17 @@ def store_value(
                 if clear or updates < sum(map(len, dense_parts())):
                     link = Link(key, UPDATES.get(key).codec, store.put(parts))
                     return (*previous.chain, link)
+    if previous is not None and plugin.key not in ("auto", "dense"):
+        fell_back.append((name, plugin.key))  # asked for, not used: the filter says so
     # A fresh value: stream it to the store unless it was encoded for a comparison.
     parts_in = memo[0] if memo else dense.stream(new, dtype)
     return (Link("dense", dense.codec, store.put(parts_in)),)
+
+
+# (tensor, update type) of each changed tensor whose explicitly asked-for update type
+# (--update-type, .theta-updates) was not used: every element changed, so a dense value
+# was smaller, or the type cannot describe the change. The filter reports them per file.
+fell_back: list[tuple[str, str]] = []
 
 
 def _plugin(link: Link) -> UpdateType:

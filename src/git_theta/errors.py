@@ -28,6 +28,12 @@ class ManifestError(ThetaError, ValueError):
     """A manifest in git cannot be parsed or is of a newer version."""
 
 
+class LocalSetupError(ThetaError):
+    """git-theta's own settings (.theta-updates) or this machine's set-up (a missing
+    optional dependency) keep it from storing a file as asked. Commands that only look
+    (git status, git diff) degrade to a lossless choice and warn; storing ones fail."""
+
+
 class ObjectMissingError(ThetaError, FileNotFoundError):
     """A content object a manifest needs is not in the local store."""
 

@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from typing import IO, NamedTuple
 
 import git_theta
-from git_theta import proc, progress
+from git_theta import git_parent, proc
 from git_theta.filter_client import (
     ACCEPTED,
     DECLINED,
@@ -405,7 +405,7 @@ def _child(conn: socket.socket, fds: list[int], fields: list[bytes], env: list[b
             key, sep, value = entry.partition(b"=")
             if sep and key:
                 os.environb[key] = value
-        progress.git_pid = int(git_pid)
+        git_parent.git_pid = int(git_pid)
         proc.spawner = _Caller(conn).start
         # Fresh streams on the new descriptors, buffered as a filter's own would be.
         sys.stdin = open(0, closefd=False)  # noqa: SIM115

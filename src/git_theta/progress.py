@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
@@ -12,42 +11,11 @@ DELAY = 1.0
 INTERVAL = 0.2
 
 
-git_pid: int | None = None  # the git command we serve, when it is not our parent
-
-
-def _parent_of(pid: int) -> int:
-    """Return ``pid``'s parent (0 when unknown), from /proc/PID/stat."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-        # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-        return int(stat[stat.rindex(b")") + 2 :].split()[1])
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
 def _git_is_quiet() -> bool:
-    """True when the git command that started us was given -q/--quiet (Linux only).
+    """True when the git command that started us was given -q/--quiet (git_parent.py)."""
+    from git_theta import git_parent
 
-    git starts filters and drivers through ``sh -c`` (and the ``git-theta`` script is a
-    shell script), so the nearest ancestor that is git decides, not the parent.
-    """
-    pid = git_pid or os.getppid()
-    for _ in range(_MAX_HOPS):
-        if pid <= 1:
-            return False
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                args = fh.read().split(b"\0")
-        except OSError:
-            return False
-        if os.path.basename(args[0]) == b"git":
-            return b"--quiet" in args or b"-q" in args
-        pid = _parent_of(pid)
-    return False
-
-
-_MAX_HOPS = 6  # git -> sh -> git-theta's script -> python: a few levels at most
+    return git_parent.git_is_quiet()
 
 
 def quiet() -> bool:

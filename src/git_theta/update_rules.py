@@ -66,7 +66,28 @@ def load_policy(top: str) -> Callable[[str], UpdateType]:
         return lambda _name: plugin
     if inputs:
         raise UsageError(f"{PATH_ENV} needs {ENV} (low-rank or ia3) as well")
+    try:
+        return _rules_policy(top)
+    except ThetaError as exc:
+        from git_theta import git_parent
+
+        if not git_parent.git_only_looks():
+            raise
+        # git status / diff must still show the repository: the update type changes how
+        # a change is stored, never what is stored, so auto is exact.
+        import sys
+
+        sys.stderr.write(
+            f"git-theta: warning: {exc}; using {DEFAULT} until it is fixed (git add refuses it)\n"
+        )
+        plugin = UPDATES.get(DEFAULT)
+        return lambda _name: plugin
+
+
+def _rules_policy(top: str) -> Callable[[str], UpdateType]:
+    """Return the policy of ``top``'s rules file (auto for what no rule names)."""
     from git_theta.files import read_capped
+    from git_theta.updates import UPDATES
 
     try:  # a regular file of at most RULES_CAP (a symlink to /dev/zero is refused)
         data = read_capped(os.path.join(top, RULES_FILE), RULES_CAP)

@@ -45,4 +45,23 @@ def add(
             os.environ[ENV] = check_type(update_type, "--update-type")
         except UnknownPluginError as exc:
             raise UsageError(str(exc)) from None
-    return run_attached("git", "add", "--", *paths)
+    if update_type is None:
+        return run_attached("git", "add", "--", *paths)
+    return _add_afresh(paths, update_type)
+
+
+def _add_afresh(paths: list[str], update_type: str) -> int:
+    """``git add`` with an update type that really applies (restage.py): a file git-theta
+    does not track is refused, and staged versions are cleaned again against HEAD's."""
+    from git_theta.restage import check_tracked, restore, staged_entries, unstage
+
+    check_tracked(paths, f"--update-type {update_type}")
+    entries = staged_entries(paths)
+    unstage(entries)
+    code = 1
+    try:
+        code = run_attached("git", "add", "--", *paths)
+    finally:
+        if code != 0:
+            restore(entries)  # as before: a failed add changes nothing
+    return code

@@ -31,6 +31,7 @@ def _handlers(repo: Repo) -> dict[str, Handler]:
             policies.append(load_policy(os.getcwd()))
         previous = repo.staged_manifest(path)
         clean(source, sink, path, repo.store, previous, update_for=policies[0], known=repo.known)
+        _say_fell_back(path)
 
     skip = env_flag("GIT_THETA_SKIP_SMUDGE")
 
@@ -43,6 +44,27 @@ def _handlers(repo: Repo) -> dict[str, Handler]:
             smudge(source, sink, path, repo.store, fetch=repo.downloader.fetch)
 
     return {"clean": do_clean, "smudge": do_smudge}
+
+
+def _say_fell_back(path: str) -> None:
+    """One line for the tensors of ``path`` stored dense although another update type was
+    asked for (chains.fell_back), so that forcing a type never silently does less."""
+    from git_theta.chains import fell_back
+    from git_theta.display import escape
+
+    if not fell_back:
+        return
+    names = sorted(fell_back)
+    fell_back.clear()
+    kinds = ", ".join(sorted({key for _, key in names}))
+    sys.stderr.write(
+        escape(
+            f"git-theta: {path}: stored {len(names)} changed tensor(s) dense (e.g. "
+            f"{names[0][0]!r}), not {kinds}: a dense value was smaller (most elements "
+            "changed) or the type cannot describe the change"
+        )
+        + "\n"
+    )
 
 
 def filter_process() -> int:

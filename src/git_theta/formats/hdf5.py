@@ -52,9 +52,7 @@ class Hdf5Format(CheckpointFormat):
                 f"HDF5 file could not be read: h5py did not finish in {READ_TIMEOUT} s"
             ) from None
         if done.returncode == NO_H5PY:
-            raise CheckpointError(
-                "adding an HDF5 file needs h5py (pip install h5py); checking out does not"
-            )
+            return _without_h5py()
         if done.returncode < 0:
             try:
                 how = signal.Signals(-done.returncode).name
@@ -71,3 +69,26 @@ class Hdf5Format(CheckpointFormat):
             return [TensorSpan(str(n), str(d), tuple(s), a, b) for n, d, s, a, b in rows]
         except (ValueError, TypeError) as exc:
             raise CheckpointError(f"HDF5 layout reader gave bad output: {exc}") from None
+
+
+_warned: list[bool] = []  # once per process
+
+
+def _without_h5py() -> list[TensorSpan]:
+    """Return no spans (the whole file stored as one opaque piece: exact, and added per
+    tensor again once h5py is there) when git only looks (status, diff), warning once;
+    raise LocalSetupError for a command that stores."""
+    from git_theta import git_parent
+    from git_theta.errors import LocalSetupError
+
+    message = "reading an HDF5 file needs h5py, which is not installed: pip install h5py"
+    if not git_parent.git_only_looks():
+        raise LocalSetupError(f"{message} (checking out does not need it)")
+    if not _warned:
+        _warned.append(True)
+        import sys
+
+        sys.stderr.write(
+            f"git-theta: warning: {message}; HDF5 files may show as modified until then\n"
+        )
+    return []

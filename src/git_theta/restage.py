@@ -1,0 +1,82 @@
+"""``git theta add --update-type``: make the update type apply to what it names.
+
+Two things stood in the way. git runs no clean filter for a file whose index entry's stat
+still matches (a plain ``git add`` of the same file a moment ago), and the filter reuses a
+tensor's staged chain when its bytes are the staged ones. So for each git-theta path
+whose staged manifest differs from HEAD's, the index entry is first put back to HEAD's;
+the ``git add`` that follows then cleans the file against HEAD's version, with the type
+asked for. If that add fails, the entries are put back as they were.
+
+And a path git-theta does not track would be staged as a plain blob with the update
+type silently ignored: ``check_tracked`` refuses it before anything is staged.
+"""
+
+from __future__ import annotations
+
+import os
+
+from git_theta import git
+from git_theta.errors import UsageError
+
+
+def _theta_paths(paths: list[str]) -> list[str]:
+    """Return which of ``paths`` (relative to the cwd) have ``filter=theta``."""
+    if not paths:
+        return []
+    feed = b"".join(os.fsencode(p) + b"\0" for p in paths)
+    out = git.git("check-attr", "-z", "--stdin", "filter", stdin=feed)
+    fields = out.split(b"\0")
+    return [
+        os.fsdecode(fields[i]) for i in range(0, len(fields) - 2, 3) if fields[i + 2] == b"theta"
+    ]
+
+
+def check_tracked(paths: list[str], option: str) -> None:
+    """Raise UsageError when a file in ``paths`` is not tracked by git-theta, since
+    ``option`` would not apply to it; directories and pathspecs are left to git."""
+    files = [p for p in paths if os.path.isfile(p)]
+    theta = set(_theta_paths(files))
+    for path in files:
+        if path not in theta:
+            raise UsageError(
+                f"{path} is not tracked by git-theta (no filter=theta attribute), so "
+                f"{option} does not apply to it; run `git theta track {path}` first, or "
+                f"stage it with `git add {path}`"
+            )
+
+
+def staged_entries(paths: list[str]) -> list[bytes]:
+    """Return the ``git ls-files -s`` lines (mode, blob, stage, path) of the git-theta
+    files under ``paths`` whose staged blob differs from HEAD's."""
+    out = git.git("ls-files", "-s", "-z", "--", *paths)
+    entries = [e for e in out.split(b"\0") if e]
+    by_path = {os.fsdecode(e.split(b"\t", 1)[1]): e for e in entries}
+    prefix = git.show_prefix()
+    theta = _theta_paths(list(by_path))
+    changed = []
+    for path in theta:
+        entry = by_path[path]
+        blob = entry.split()[1].decode()
+        done = git.git("rev-parse", "--verify", "-q", f"HEAD:{prefix}{path}", check=False)
+        if done.strip().decode() != blob:
+            changed.append(entry)
+    return changed
+
+
+def unstage(entries: list[bytes]) -> None:
+    """Put the index entries of ``entries`` back to HEAD's version (or drop them when
+    HEAD has none), so the next ``git add`` cleans them afresh."""
+    paths = [os.fsdecode(e.split(b"\t", 1)[1]) for e in entries]
+    if paths:
+        has_head = git.git("rev-parse", "--verify", "-q", "HEAD", check=False).strip()
+        if has_head:
+            git.git("reset", "-q", "HEAD", "--", *paths)
+        else:
+            git.git("rm", "-q", "--cached", "--", *paths)
+
+
+def restore(entries: list[bytes]) -> None:
+    """Put ``entries`` (``ls-files -s`` lines, a format --index-info reads) back into the
+    index exactly as they were."""
+    if entries:
+        git.git("update-index", "-z", "--index-info", stdin=b"".join(e + b"\0" for e in entries))
