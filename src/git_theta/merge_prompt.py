@@ -60,7 +60,7 @@ def _side_stats(question: Question, side: int) -> str:
     if not found:
         return "unchanged"
     diff = found[0]
-    share = f" ({100 * diff.changed / diff.numel:.2g}%)" if diff.changed and diff.numel else ""
+    share = f" ({100 * diff.changed / diff.numel:.3g}%)" if diff.changed and diff.numel else ""
     rel = f", relative change {diff.rel:.3g}" if diff.rel is not None else ""
     return f"{diff.changed or 0:,} elements changed{share}{rel}"
 
