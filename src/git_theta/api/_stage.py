@@ -12,6 +12,7 @@ from git_theta import git
 from git_theta.errors import ThetaError, UsageError
 
 if TYPE_CHECKING:
+    from git_theta.manifest import Manifest
     from git_theta.protocol.filter_process import Source
     from git_theta.repo import Repo
     from git_theta.updates.base import UpdateType
@@ -78,13 +79,18 @@ class _Collect:
 
 
 def clean_to_manifest(
-    repo: Repo, where: Where, source: Source, update_for: Callable[[str], UpdateType]
+    repo: Repo,
+    where: Where,
+    source: Source,
+    update_for: Callable[[str], UpdateType],
+    previous: Manifest | None = None,
 ) -> bytes:
-    """Clean ``source`` as ``git add`` would (against the staged manifest); return the
-    manifest's bytes."""
+    """Clean ``source`` as ``git add`` would, against ``previous`` (default: the staged
+    manifest); return the manifest's bytes."""
     from git_theta.clean import clean
 
-    previous = repo.staged_manifest(where.path)
+    if previous is None:
+        previous = repo.staged_manifest(where.path)
     sink = _Collect()
     clean(source, sink, where.path, repo.store, previous, show_progress=False,
           update_for=update_for)  # fmt: skip
