@@ -1,9 +1,16 @@
-"""The element-wise three-way step every strategy shares (see base.merge_tensor)."""
+"""The element-wise three-way step every strategy shares (see base.merge_tensor).
+
+The tensors are walked in blocks of BLOCK units: for each, which units each side
+changed, the result assembled from the sides, and the strategy's values for the units
+both sides changed differently. Scratch memory is a few blocks; only the result is
+tensor-sized (and whatever a strategy's prepare keeps, e.g. TIES's magnitudes).
+"""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -16,6 +23,8 @@ from git_theta.merges.base import (
     ParamValue,
     TensorMerge,
 )
+
+BLOCK = 1 << 15  # units per block: 128 KB of float32 per array, in cache
 
 
 def draw_seed() -> int:
@@ -31,6 +40,36 @@ def _differ(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Return a bool per unit: do the bits of ``a`` and ``b`` differ?"""
     differ = np.not_equal(a, b)
     return np.asarray(differ if a.ndim == 1 else differ.any(axis=1))
+
+
+@dataclass
+class _Widened:
+    """base.Blocks over unit views of a combinable dtype."""
+
+    b: np.ndarray | None
+    o: np.ndarray
+    t: np.ndarray
+    dtype: str
+
+    @property
+    def size(self) -> int:
+        return int(self.o.shape[0])
+
+    @property
+    def has_base(self) -> bool:
+        return self.b is not None
+
+    def __call__(self) -> Iterator[tuple[int, np.ndarray | None, np.ndarray, np.ndarray]]:
+        for start in range(0, self.size, BLOCK):
+            yield (start, *self.block(start, min(start + BLOCK, self.size)))
+
+    def block(self, start: int, end: int) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+        b = None if self.b is None else _floats.widen(self.b[start:end], self.dtype)
+        return (
+            b,
+            _floats.widen(self.o[start:end], self.dtype),
+            _floats.widen(self.t[start:end], self.dtype),
+        )
 
 
 def merge(
@@ -57,74 +96,115 @@ def merge(
     size = _floats.unit_bytes(dtype, o_bytes.size)
     o, t = _floats.units(o_bytes, size), _floats.units(t_bytes, size)
     b = None if b_bytes is None else _floats.units(b_bytes, size)
-    total = o.shape[0]
-
-    # Start from ours and take every unit theirs changed; of those, only the ones ours
-    # changed differently still need the strategy.
-    result = o.copy()
-    if b is None:
-        conflict = _differ(o, t)
-        unchanged = from_ours = from_theirs = 0
-        merged = int(np.count_nonzero(conflict))
-        same = total - merged
-    else:
-        ours_changed = _differ(o, b)
-        theirs_changed = _differ(t, b)
-        np.copyto(result, t, where=theirs_changed if result.ndim == 1 else theirs_changed[:, None])
-        n_ours, n_theirs = np.count_nonzero(ours_changed), np.count_nonzero(theirs_changed)
-        conflict = ours_changed
-        conflict &= theirs_changed  # ours_changed is not needed again
-        del theirs_changed
-        n_both = int(np.count_nonzero(conflict))
-        if n_both:
-            conflict &= _differ(o, t)
-        merged = int(np.count_nonzero(conflict))
-        unchanged = total - int(n_ours) - int(n_theirs) + n_both
-        from_ours, from_theirs = int(n_ours) - n_both, int(n_theirs) - n_both
-        same = n_both - merged
-
-    if merged:
-        _resolve(strategy, used, b, o, t, result, conflict, dtype, tensor)
+    result = np.empty_like(o)
+    counts = np.zeros(5, dtype=np.int64)  # unchanged, ours only, theirs only, same, merged
+    combine = _Combiner(strategy, used, b, o, t, dtype, tensor)
+    for start in range(0, o.shape[0], BLOCK):
+        end = min(start + BLOCK, o.shape[0])
+        conflict = _assemble(b, o, t, result, start, end, counts)
+        if conflict is not None:
+            combine(result, conflict, start, end)
     data = result.reshape(-1).view(np.uint8).view(ours.dtype).reshape(ours.shape)
+    unchanged, from_ours, from_theirs, same, merged = (int(c) for c in counts)
     return TensorMerge(data, unchanged, from_ours, from_theirs, same, merged, used)
 
 
-def _resolve(
-    strategy: MergeStrategy,
-    params: Mapping[str, ParamValue],
+def _assemble(
     b: np.ndarray | None,
     o: np.ndarray,
     t: np.ndarray,
     result: np.ndarray,
-    conflict: np.ndarray,
-    dtype: str,
-    tensor: str,
-) -> None:
-    """Write the strategy's values into ``result`` where ``conflict`` is set."""
-    if strategy.needs_base and b is None:
-        raise MergeBaseMissingError(
-            f"tensor {tensor}: {strategy.name} needs the common ancestor's tensor and it has "
-            "none (added on both sides); use ours, theirs, average or slerp"
-        )
-    if strategy.picks_side:
-        side = strategy.combine(b, o, t, params)
-        np.copyto(result, side, where=conflict if result.ndim == 1 else conflict[:, None])
-        return
-    if not _floats.combinable(dtype):
-        raise MergeTypeError(
-            f"tensor {tensor}: {strategy.name} cannot combine {dtype} tensors; "
-            "use ours, theirs or base"
-        )
-    # An element-wise strategy computes only the conflicting elements, unless they are
-    # most of the tensor: then gathering them costs more than computing the rest.
-    if strategy.elementwise and int(np.count_nonzero(conflict)) * 2 < conflict.size:
-        # The gathered elements are fresh copies: F32/F64 ones are used in place.
-        part_b = None if b is None else _floats.widen(b[conflict], dtype, copy=False)
-        part_o = _floats.widen(o[conflict], dtype, copy=False)
-        part_t = _floats.widen(t[conflict], dtype, copy=False)
-        values = strategy.combine(part_b, part_o, part_t, params)
-        result[conflict] = _floats.narrow(values, dtype).view(result.dtype)
-        return
-    wide_b = None if b is None else _floats.widen(b, dtype)
-    values = strategy.combine(wide_b, _floats.widen(o, dtype), _floats.widen(t, dtype), params)
-    np.copyto(result, _floats.narrow(values, dtype).view(result.dtype), where=conflict)
+    start: int,
+    end: int,
+    counts: np.ndarray,
+) -> np.ndarray | None:
+    """Fill result[start:end] from the sides by the three-way rule, add to ``counts``,
+    and return the mask of units both sides changed differently (None if there is none)."""
+    ob, tb = o[start:end], t[start:end]
+    out = result[start:end]
+    if b is None:
+        conflict = _differ(ob, tb)
+        n_conflict = int(np.count_nonzero(conflict))
+        out[...] = ob
+        counts[3] += (end - start) - n_conflict
+        counts[4] += n_conflict
+        return conflict if n_conflict else None
+    bb = b[start:end]
+    ours_changed, theirs_changed = _differ(ob, bb), _differ(tb, bb)
+    # Start from ours and take every unit theirs changed; of those, only the ones ours
+    # changed differently still need the strategy.
+    out[...] = ob
+    np.copyto(out, tb, where=theirs_changed if out.ndim == 1 else theirs_changed[:, None])
+    n_ours, n_theirs = int(np.count_nonzero(ours_changed)), int(np.count_nonzero(theirs_changed))
+    conflict = ours_changed
+    conflict &= theirs_changed
+    n_both = int(np.count_nonzero(conflict))
+    if n_both:
+        conflict &= _differ(ob, tb)
+    n_conflict = int(np.count_nonzero(conflict)) if n_both else 0
+    counts[0] += (end - start) - n_ours - n_theirs + n_both
+    counts[1] += n_ours - n_both
+    counts[2] += n_theirs - n_both
+    counts[3] += n_both - n_conflict
+    counts[4] += n_conflict
+    return conflict if n_conflict else None
+
+
+class _Combiner:
+    """Writes the strategy's values into the result where both sides changed a unit
+    differently; checks, on first need, that the strategy can do it."""
+
+    def __init__(
+        self,
+        strategy: MergeStrategy,
+        params: Mapping[str, ParamValue],
+        b: np.ndarray | None,
+        o: np.ndarray,
+        t: np.ndarray,
+        dtype: str,
+        tensor: str,
+    ):
+        self.strategy, self.params, self.dtype, self.tensor = strategy, params, dtype, tensor
+        self.b, self.o, self.t = b, o, t
+        self.ready = False
+        self.state: object = None
+        self.whole: np.ndarray | None = None  # a non-blockwise strategy's full result
+
+    def _check(self) -> None:
+        strategy, tensor = self.strategy, self.tensor
+        if strategy.needs_base and self.b is None:
+            raise MergeBaseMissingError(
+                f"tensor {tensor}: {strategy.name} needs the common ancestor's tensor and it "
+                "has none (added on both sides); use ours, theirs, average or slerp"
+            )
+        if strategy.picks_side:
+            return
+        if not _floats.combinable(self.dtype):
+            raise MergeTypeError(
+                f"tensor {tensor}: {strategy.name} cannot combine {self.dtype} tensors; "
+                "use ours, theirs or base"
+            )
+        widened = _Widened(self.b, self.o, self.t, self.dtype)
+        if strategy.blockwise:
+            self.state = strategy.prepare(widened, self.params)
+        else:  # a simple plugin: one call on the whole tensors
+            b, o, t = widened.block(0, widened.size)
+            values = strategy.combine(b, o, t, self.params)
+            self.whole = _floats.narrow(values, self.dtype).view(self.o.dtype)
+
+    def __call__(self, result: np.ndarray, conflict: np.ndarray, start: int, end: int) -> None:
+        if not self.ready:
+            self._check()
+            self.ready = True
+        out = result[start:end]
+        if self.strategy.picks_side:
+            b = None if self.b is None else self.b[start:end]
+            side = self.strategy.combine(b, self.o[start:end], self.t[start:end], self.params)
+            np.copyto(out, side, where=conflict if out.ndim == 1 else conflict[:, None])
+            return
+        if self.whole is not None:
+            np.copyto(out, self.whole[start:end], where=conflict)
+            return
+        b, o, t = _Widened(self.b, self.o, self.t, self.dtype).block(start, end)
+        values = self.strategy.combine(b, o, t, self.params, self.state, start)
+        np.copyto(out, _floats.narrow(values, self.dtype).view(out.dtype), where=conflict)

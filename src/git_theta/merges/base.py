@@ -9,9 +9,9 @@ working float type, and rounds the strategy's values back once.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 import numpy as np
 
@@ -60,9 +60,17 @@ class MergeStrategy(ABC):
     needs_base: ClassVar[bool] = False  # task arithmetic, TIES, DARE, base: the ancestor
     picks_side: ClassVar[bool] = False  # ours/theirs/base: any dtype, bytes copied exactly
     uses_seed: ClassVar[bool] = False  # DARE: a seed is drawn if not given, and recorded
-    # True when element i of the result depends only on element i of the inputs: then
-    # merge_tensor hands ``combine`` only the elements both sides changed differently.
-    elementwise: ClassVar[bool] = False
+    # True when, given prepare's whole-tensor statistics, element i of the result depends
+    # only on element i of the inputs (and on i): merge_tensor then runs prepare once and
+    # combine on consecutive blocks, in order, so memory stays at a few blocks. False
+    # (the simple plugin): combine gets the whole tensors in one call.
+    blockwise: ClassVar[bool] = False
+
+    def prepare(self, blocks: Blocks, params: Mapping[str, ParamValue]) -> object:
+        """Return what ``combine`` needs from the whole tensors (norms, a magnitude cut,
+        random generators), read through ``blocks``; passed to every combine call as
+        ``state``. Only called for blockwise strategies; the default needs nothing."""
+        return None
 
     @abstractmethod
     def combine(
@@ -71,13 +79,36 @@ class MergeStrategy(ABC):
         ours: np.ndarray,
         theirs: np.ndarray,
         params: Mapping[str, ParamValue],
+        state: object = None,
+        start: int = 0,
     ) -> np.ndarray:
         """Return the merged values, same shape as ``ours``.
 
-        Arrays are float32 (float64 for F64 tensors); ``base`` is None only when
-        ``needs_base`` is false and the tensor was added on both sides. ``params`` is
-        complete (defaults filled, a seed drawn). picks_side strategies get the raw
-        arrays and return one of them. May return (or overwrite) one of its inputs."""
+        Arrays are float32 (float64 for F64 tensors): the whole flattened tensors, or
+        for a blockwise strategy the block starting at element ``start``. ``base`` is
+        None only when ``needs_base`` is false and the tensor was added on both sides.
+        ``params`` is complete (defaults filled, a seed drawn); ``state`` is prepare's
+        result. picks_side strategies get the raw arrays and return one of them. May
+        return (or overwrite) one of its inputs."""
+
+
+class Blocks(Protocol):
+    """The widened tensors, as prepare reads them."""
+
+    @property
+    def size(self) -> int:
+        """The number of elements in the tensor."""
+        ...
+
+    @property
+    def has_base(self) -> bool:
+        """Whether there is a common ancestor's tensor (``base`` is not None)."""
+        ...
+
+    def __call__(self) -> Iterator[tuple[int, np.ndarray | None, np.ndarray, np.ndarray]]:
+        """Yield (start, base, ours, theirs) for consecutive blocks, float32 (float64
+        for F64), fresh arrays the caller may overwrite; every call starts over."""
+        ...
 
 
 @dataclass

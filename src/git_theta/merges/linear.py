@@ -53,7 +53,7 @@ class Average(MergeStrategy):
     params: ClassVar[tuple[Param, ...]] = (
         Param("weight", float, 0.5, "their share of the mean", low=0.0, high=1.0),
     )
-    elementwise: ClassVar[bool] = True
+    blockwise: ClassVar[bool] = True
 
     def combine(
         self,
@@ -61,6 +61,8 @@ class Average(MergeStrategy):
         ours: np.ndarray,
         theirs: np.ndarray,
         params: Mapping[str, ParamValue],
+        state: object = None,
+        start: int = 0,
     ) -> np.ndarray:
         """Return the weighted mean (computed in ``ours``' buffer)."""
         weight = as_float(params, "weight")
@@ -86,7 +88,7 @@ class TaskArithmetic(MergeStrategy):
         LAMBDA,
     )
     needs_base: ClassVar[bool] = True
-    elementwise: ClassVar[bool] = True
+    blockwise: ClassVar[bool] = True
 
     def combine(
         self,
@@ -94,6 +96,8 @@ class TaskArithmetic(MergeStrategy):
         ours: np.ndarray,
         theirs: np.ndarray,
         params: Mapping[str, ParamValue],
+        state: object = None,
+        start: int = 0,
     ) -> np.ndarray:
         """Return the merged values (computed in the inputs' buffers)."""
         assert base is not None

@@ -26,6 +26,8 @@ class Ours(MergeStrategy):
         ours: np.ndarray,
         theirs: np.ndarray,
         params: Mapping[str, ParamValue],
+        state: object = None,
+        start: int = 0,
     ) -> np.ndarray:
         """Return ``ours``."""
         return ours
@@ -44,6 +46,8 @@ class Theirs(MergeStrategy):
         ours: np.ndarray,
         theirs: np.ndarray,
         params: Mapping[str, ParamValue],
+        state: object = None,
+        start: int = 0,
     ) -> np.ndarray:
         """Return ``theirs``."""
         return theirs
@@ -64,6 +68,8 @@ class Base(MergeStrategy):
         ours: np.ndarray,
         theirs: np.ndarray,
         params: Mapping[str, ParamValue],
+        state: object = None,
+        start: int = 0,
     ) -> np.ndarray:
         """Return ``base`` (merge_tensor never calls this without one)."""
         assert base is not None

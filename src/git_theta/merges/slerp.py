@@ -8,37 +8,30 @@ from typing import ClassVar
 
 import numpy as np
 
-from git_theta.merges.base import MergeStrategy, Param, ParamValue
+from git_theta.merges.base import Blocks, MergeStrategy, Param, ParamValue
 from git_theta.merges.linear import as_float
 
-_CHUNK = 1 << 20  # elements widened to float64 at a time for the norms and the dot
 _EPS = 1e-8  # norms at or below this count as 1, as mergekit's
 
 
-def _norm_and_dot(a: np.ndarray, b: np.ndarray) -> tuple[float, float, float]:
-    """Return ||a||, ||b|| and a.b, accumulated in float64 a chunk at a time."""
-    aa = bb = ab = 0.0
-    for start in range(0, a.size, _CHUNK):
-        x = a[start : start + _CHUNK].astype(np.float64)
-        y = b[start : start + _CHUNK].astype(np.float64)
-        aa += float(np.dot(x, x))
-        bb += float(np.dot(y, y))
-        ab += float(np.dot(x, y))
-    return math.sqrt(aa), math.sqrt(bb), ab
-
-
-def coefficients(
-    t: float, ours: np.ndarray, theirs: np.ndarray, threshold: float
-) -> tuple[float, float]:
+def coefficients(blocks: Blocks, t: float, threshold: float) -> tuple[float, float]:
     """Return (c0, c1) with slerp = c0 * ours + c1 * theirs.
 
-    With theta the angle between the flattened tensors, c0 = sin((1-t) theta)/sin(theta)
-    and c1 = sin(t theta)/sin(theta); when |cos(theta)| > ``threshold`` (nearly
-    colinear, or antipodal) the plain lerp coefficients 1 - t and t."""
-    norm_o, norm_t, dot = _norm_and_dot(ours.reshape(-1), theirs.reshape(-1))
-    norm_o = norm_o if norm_o > _EPS else 1.0
-    norm_t = norm_t if norm_t > _EPS else 1.0
-    cos = min(1.0, max(-1.0, dot / norm_o / norm_t))
+    With theta the angle between the flattened tensors (norms and dot product summed in
+    float64), c0 = sin((1-t) theta)/sin(theta) and c1 = sin(t theta)/sin(theta); when
+    |cos(theta)| > ``threshold`` (nearly colinear, or antipodal) the plain lerp
+    coefficients 1 - t and t."""
+    oo = tt = ot = 0.0
+    for _, _, ours, theirs in blocks():
+        # In float64 and without BLAS (whose threads only contend on a busy machine).
+        x, y = ours.astype(np.float64), theirs.astype(np.float64)
+        oo += float(np.sum(np.square(x)))
+        tt += float(np.sum(np.square(y)))
+        x *= y
+        ot += float(np.sum(x))
+    norm_o = math.sqrt(oo) if math.sqrt(oo) > _EPS else 1.0
+    norm_t = math.sqrt(tt) if math.sqrt(tt) > _EPS else 1.0
+    cos = min(1.0, max(-1.0, ot / norm_o / norm_t))
     if abs(cos) > threshold:
         return 1.0 - t, t
     theta = math.acos(cos)
@@ -68,19 +61,25 @@ class Slerp(MergeStrategy):
         ),
     )
 
+    blockwise: ClassVar[bool] = True
+
+    def prepare(self, blocks: Blocks, params: Mapping[str, ParamValue]) -> object:
+        """Return the interpolation's two coefficients."""
+        return coefficients(blocks, as_float(params, "t"), as_float(params, "dot_threshold"))
+
     def combine(
         self,
         base: np.ndarray | None,
         ours: np.ndarray,
         theirs: np.ndarray,
         params: Mapping[str, ParamValue],
+        state: object = None,
+        start: int = 0,
     ) -> np.ndarray:
-        """Return the interpolation (computed in ``ours``' buffer)."""
-        c0, c1 = coefficients(
-            as_float(params, "t"), ours, theirs, as_float(params, "dot_threshold")
-        )
+        """Return the interpolation of one block (computed in ``ours``' buffer)."""
+        assert isinstance(state, tuple)
         kind = ours.dtype.type
-        ours *= kind(c0)
-        theirs *= kind(c1)
+        ours *= kind(state[0])
+        theirs *= kind(state[1])
         ours += theirs
         return ours

@@ -2,36 +2,78 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 
-from git_theta.merges.base import MergeStrategy, Param, ParamValue
+from git_theta.merges.base import Blocks, MergeStrategy, Param, ParamValue
 from git_theta.merges.linear import LAMBDA, WEIGHTS, as_float, finish
 
-_CHUNK = 1 << 20  # elements per block of random draws (bounds the uint64 scratch)
+_CHUNK = 1 << 20  # elements per block of random draws in keep_masks
 
 
-def trim(delta: np.ndarray, density: float) -> np.ndarray:
-    """Zero all but the ``max(1, int(density * n))`` largest-magnitude elements of
-    ``delta`` (in place; returned). Among equal magnitudes at the cut, the lowest indices
-    are kept, so the result does not depend on the sort algorithm."""
-    n = delta.size
-    if density >= 1 or n == 0:
-        return delta
+@dataclass(frozen=True)
+class Cut:
+    """Which elements of a task vector TIES keeps: magnitude above ``magnitude``, or
+    equal to it at an index up to ``last`` (so exactly k are kept)."""
+
+    magnitude: float
+    last: int
+
+    def keep(self, delta: np.ndarray, start: int) -> np.ndarray:
+        """Return the keep mask of the block of ``delta`` starting at element ``start``."""
+        magnitude = np.abs(delta)
+        keep: np.ndarray = magnitude > magnitude.dtype.type(self.magnitude)
+        if self.last >= start:
+            equal = np.flatnonzero(magnitude == magnitude.dtype.type(self.magnitude))
+            keep[equal[equal <= self.last - start]] = True
+        return keep
+
+
+def _task_magnitudes(blocks: Blocks, side: int) -> Iterator[tuple[int, np.ndarray]]:
+    """Yield (start, |side - base|) block by block (side 1 ours, 2 theirs)."""
+    for start, *arrays in blocks():
+        base, part = arrays[0], arrays[side]
+        assert base is not None and part is not None
+        part -= base
+        yield start, np.abs(part, out=part)
+
+
+def find_cut(blocks: Blocks, side: int, density: float, scratch: list[np.ndarray]) -> Cut | None:
+    """Return the Cut keeping the ``max(1, int(density * n))`` largest magnitudes of task
+    vector ``side`` (1 ours, 2 theirs); among equal magnitudes at the cut, the lowest
+    indices. None when everything is kept (density 1). ``scratch`` holds the one
+    tensor-sized buffer, reused from side to side."""
+    n = blocks.size
     k = max(1, int(density * n))
-    magnitude = np.abs(delta)
-    magnitude.partition(n - k)  # in place: only the k-th largest magnitude is needed
-    cut = magnitude[n - k]
-    np.abs(delta, out=magnitude)
-    keep = magnitude > cut
-    missing = k - int(np.count_nonzero(keep))
-    if missing > 0:
-        keep[np.flatnonzero(magnitude == cut)[:missing]] = True
-    del magnitude
-    delta *= keep
-    return delta
+    if density >= 1 or k >= n:
+        return None
+    for start, magnitude in _task_magnitudes(blocks, side):
+        if not scratch:
+            scratch.append(np.empty(n, dtype=magnitude.dtype))
+        scratch[0][start : start + magnitude.size] = magnitude
+    scratch[0].partition(n - k)  # in place: only the k-th largest magnitude is needed
+    cut = scratch[0][n - k]
+    # Second pass: how many lie above the cut, and where the equal ones are.
+    above, equal_per_block = 0, []
+    for start, magnitude in _task_magnitudes(blocks, side):
+        above += int(np.count_nonzero(magnitude > cut))
+        equal_per_block.append((start, int(np.count_nonzero(magnitude == cut))))
+    missing = k - above  # equal magnitudes to keep, lowest indices first (>= 1)
+    target = 0
+    for block_start, count in equal_per_block:
+        target = block_start
+        if missing <= count:
+            break
+        missing -= count
+    last = -1
+    for start, magnitude in _task_magnitudes(blocks, side):
+        if start == target:
+            last = start + int(np.flatnonzero(magnitude == cut)[missing - 1])
+            break
+    return Cut(float(cut), last)
 
 
 def elect(
@@ -46,21 +88,20 @@ def elect(
     ``theirs``: the elected sign of each element is that of their sum (+ for 0); only
     the vectors with that sign contribute; with ``normalize`` their sum is divided by the
     sum of their weights (the disjoint mean). Overwrites the inputs; returns the result."""
-    scratch = np.add(ours, theirs)
-    positive = scratch >= 0
+    positive = np.add(ours, theirs) >= 0
+    negative = ~positive
     kind = ours.dtype.type
-    divisor = None
-    if normalize:  # the scratch buffer becomes the sum of the agreeing weights
-        divisor = scratch
-        divisor.fill(0)
-    else:
-        del scratch
+    divisor: np.ndarray | None = None
     for delta, weight in ((ours, weights[0]), (theirs, weights[1])):
-        agrees = np.where(positive, delta > 0, delta < 0)
+        # Plain comparisons (a zero or NaN delta agrees with neither sign); np.where on
+        # bools and ufuncs with where= are several times slower.
+        agrees = delta > 0
+        agrees &= positive
+        agrees |= (delta < 0) & negative
         delta *= agrees
-        if divisor is not None:
-            np.add(divisor, kind(weight), out=divisor, where=agrees)
-    del positive, agrees
+        if normalize:
+            share = agrees * kind(weight)
+            divisor = share if divisor is None else np.add(divisor, share, out=divisor)
     ours += theirs
     if divisor is not None:
         divisor[divisor == 0] = 1
@@ -92,6 +133,13 @@ class Ties(MergeStrategy):
         LAMBDA,
     )
     needs_base: ClassVar[bool] = True
+    blockwise: ClassVar[bool] = True
+
+    def prepare(self, blocks: Blocks, params: Mapping[str, ParamValue]) -> object:
+        """Return each task vector's Cut (None: keep all)."""
+        density = as_float(params, "density")
+        scratch: list[np.ndarray] = []
+        return find_cut(blocks, 1, density, scratch), find_cut(blocks, 2, density, scratch)
 
     def combine(
         self,
@@ -99,17 +147,32 @@ class Ties(MergeStrategy):
         ours: np.ndarray,
         theirs: np.ndarray,
         params: Mapping[str, ParamValue],
+        state: object = None,
+        start: int = 0,
     ) -> np.ndarray:
-        """Return the TIES merge (computed in the inputs' buffers)."""
-        assert base is not None
-        density = as_float(params, "density")
+        """Return the TIES merge of one block (computed in the inputs' buffers)."""
+        assert base is not None and isinstance(state, tuple)
         weights = (as_float(params, "ours_weight"), as_float(params, "theirs_weight"))
         kind = ours.dtype.type
-        for side, weight in zip((ours, theirs), weights, strict=True):
+        for side, weight, cut in zip((ours, theirs), weights, state, strict=True):
             side -= base
-            trim(side, density)
+            if cut is not None:
+                side *= cut.keep(side, start)
             side *= kind(weight)
         return elect(base, ours, theirs, weights, bool(params["normalize"]), params)
+
+
+def _draws(seed: int, position: int, count: int, density: float) -> np.ndarray:
+    """Return the keep decisions for draws ``position`` .. ``position + count - 1`` of
+    the PCG64 stream of ``seed`` (see keep_masks)."""
+    bits = np.random.PCG64(seed)
+    bits.advance(position)
+    keep = np.empty(count, dtype=bool)
+    for start in range(0, count, _CHUNK):
+        raw = bits.random_raw(min(_CHUNK, count - start))
+        raw >>= np.uint64(11)
+        keep[start : start + raw.size] = raw.astype(np.float64) * 2.0**-53 < density
+    return keep
 
 
 def keep_masks(n: int, density: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -119,32 +182,13 @@ def keep_masks(n: int, density: float, seed: int) -> tuple[np.ndarray, np.ndarra
     ``seed``: the first ``n`` for ours, the next ``n`` for theirs; element i is kept when
     ``(r >> 11) * 2**-53 < density``. PCG64 is a fixed algorithm, so a seed gives the
     same masks on every machine and NumPy version."""
-    bits = np.random.PCG64(seed)
-    masks = []
-    for _ in range(2):
-        keep = np.empty(n, dtype=bool)
-        for start in range(0, n, _CHUNK):
-            raw = bits.random_raw(min(_CHUNK, n - start))
-            raw >>= np.uint64(11)
-            keep[start : start + raw.size] = raw.astype(np.float64) * 2.0**-53 < density
-        masks.append(keep)
-    return masks[0], masks[1]
+    return _draws(seed, 0, n, density), _draws(seed, n, n, density)
 
 
-def drop(delta: np.ndarray, keep: np.ndarray, density: float, rescale: str) -> np.ndarray:
-    """Zero ``delta`` where ``keep`` is false and rescale the rest (in place; returned):
-    by ``1 / density`` (the paper), to the original L1 norm (mergekit's ``rescale``;
-    not when either norm is below 1e-7), or not at all."""
-    if rescale == "l1":
-        before = float(np.sum(np.abs(delta), dtype=np.float64))
-    delta *= keep
-    if rescale == "density":
-        delta /= delta.dtype.type(density)
-    elif rescale == "l1":
-        after = float(np.sum(np.abs(delta), dtype=np.float64))
-        if before >= 1e-7 and after >= 1e-7:
-            delta *= delta.dtype.type(before / after)
-    return delta
+@dataclass(frozen=True)
+class _DareState:
+    size: int
+    scales: tuple[float, float]  # rescaling of the kept elements, per side
 
 
 class Dare(MergeStrategy):
@@ -152,10 +196,11 @@ class Dare(MergeStrategy):
 
     Each element of ``side - base`` is kept with probability ``density`` (masks from
     ``seed``, see keep_masks) and the kept ones are rescaled (``rescale``: by
-    ``1/density`` as in the paper, ``l1`` as mergekit, or ``none``); the vectors are
-    weighted and combined by ``combine``: ``linear`` (task arithmetic, mergekit's
-    ``dare_linear``) or ``ties`` (sign election, ``dare_ties``); ``base + lambda * that``,
-    divided by the (agreeing) weights when ``normalize``."""
+    ``1/density`` as in the paper, ``l1`` to the task vector's L1 norm as mergekit, not
+    when either norm is below 1e-7, or ``none``); the vectors are weighted and combined
+    by ``combine``: ``linear`` (task arithmetic, mergekit's ``dare_linear``) or ``ties``
+    (sign election, ``dare_ties``); ``base + lambda * that``, divided by the (agreeing)
+    weights when ``normalize``."""
 
     name: ClassVar[str] = "dare"
     description: ClassVar[str] = "drop task-vector elements at random and rescale, then combine"
@@ -184,6 +229,28 @@ class Dare(MergeStrategy):
     )
     needs_base: ClassVar[bool] = True
     uses_seed: ClassVar[bool] = True
+    blockwise: ClassVar[bool] = True
+
+    def prepare(self, blocks: Blocks, params: Mapping[str, ParamValue]) -> object:
+        """Return the tensor size and each side's rescaling factor."""
+        density = as_float(params, "density")
+        rescale = params["rescale"]
+        if rescale != "l1" or density >= 1:
+            scale = 1.0 / density if rescale == "density" and density < 1 else 1.0
+            return _DareState(blocks.size, (scale, scale))
+        seed = params["seed"]
+        assert isinstance(seed, int)
+        sums = np.zeros((2, 2))  # per side: L1 before and after dropping
+        for start, base, ours, theirs in blocks():
+            assert base is not None
+            for index, side in enumerate((ours, theirs)):
+                side -= base
+                np.abs(side, out=side)
+                sums[index, 0] += np.sum(side, dtype=np.float64)
+                side *= _draws(seed, index * blocks.size + start, side.size, density)
+                sums[index, 1] += np.sum(side, dtype=np.float64)
+        scales = tuple(float(b / a) if b >= 1e-7 and a >= 1e-7 else 1.0 for b, a in sums.tolist())
+        return _DareState(blocks.size, (scales[0], scales[1]))
 
     def combine(
         self,
@@ -191,21 +258,25 @@ class Dare(MergeStrategy):
         ours: np.ndarray,
         theirs: np.ndarray,
         params: Mapping[str, ParamValue],
+        state: object = None,
+        start: int = 0,
     ) -> np.ndarray:
-        """Return the DARE merge (computed in the inputs' buffers)."""
-        assert base is not None
+        """Return the DARE merge of one block (computed in the inputs' buffers)."""
+        assert base is not None and isinstance(state, _DareState)
         density = as_float(params, "density")
         weights = (as_float(params, "ours_weight"), as_float(params, "theirs_weight"))
         seed = params["seed"]
         assert isinstance(seed, int)
         kind = ours.dtype.type
-        keep = keep_masks(ours.size, density, seed) if density < 1 else None
         for index, (side, weight) in enumerate(zip((ours, theirs), weights, strict=True)):
             side -= base
-            if keep is not None:
-                drop(side, keep[index], density, str(params["rescale"]))
+            if density < 1:
+                side *= _draws(seed, index * state.size + start, side.size, density)
+                if params["rescale"] == "density":
+                    side /= kind(density)
+                elif state.scales[index] != 1.0:
+                    side *= kind(state.scales[index])
             side *= kind(weight)
-        del keep
         normalize = bool(params["normalize"])
         if params["combine"] == "ties":
             return elect(base, ours, theirs, weights, normalize, params)
