@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import git, sha256
+from conftest import git, lfs_objects, sha256
 from st_files import st_from_arrays
 
 from git_theta.commands.cli import main
@@ -107,7 +107,11 @@ def test_disjoint_sparse_changes_inside_a_tensor_merge_exactly_without_a_strateg
     right_d[-4:] -= np.float32(0.25)  # rows 28-31 on the other
     right_d[10, 10] = -0.0 if base["d"][10, 10] == 0 else np.float32(-0.0)
     branches(repo, {"d": left_d, "a": base["a"] * 2}, {"d": right_d})
+    before = lfs_objects(repo)
     git(repo, "merge", "-q", "--no-edit", "left")
+    # At most d's merged value (here its sparse update on ours equals theirs' own update,
+    # object for object); "a" is theirs' entry.
+    assert len(lfs_objects(repo) - before) <= 1
     expected_d = right_d.copy()
     expected_d[:4] = left_d[:4]
     assert sha256(repo / M) == digest({**base, "a": base["a"] * 2, "d": expected_d})
@@ -192,7 +196,9 @@ def test_manual_mode_writes_the_three_versions_outside_git_add(repo: Path) -> No
     assert "theta-" not in listed
     merged = {**base, "d": base["d"] + np.float32(1.25)}
     (repo / M).write_bytes(st_from_arrays(merged))
+    before = lfs_objects(repo)
     git(repo, "add", M)
+    assert len(lfs_objects(repo) - before) == 1  # only d's change: the rest is ours'
     git(repo, "commit", "-q", "--no-edit")
     assert git(repo, "status", "--porcelain").stdout == b""
     assert sha256(repo / M) == digest(merged)
