@@ -109,13 +109,16 @@ class _Raises:
         (MemoryError(), "raises checkpoint claims more memory than there is: the file is "
                         "corrupt or crafted"),
         (struct.error("unpack requires a buffer of 8 bytes"),
-         "raises checkpoint is corrupt (error: unpack requires a buffer of 8 bytes)"),
+         "raises checkpoint is corrupt (unpack requires a buffer of 8 bytes): check the "
+         "file (save or download it again)"),
         (OverflowError("Python int too large\nto convert"),
-         "raises checkpoint is corrupt (OverflowError: Python int too large)"),
-        (KeyError("dtype"), "raises checkpoint is corrupt (KeyError: 'dtype')"),
+         "raises checkpoint is corrupt (Python int too large): check the file (save or "
+         "download it again)"),
+        (KeyError("dtype"), "raises checkpoint is corrupt ('dtype'): check the file (save "
+                            "or download it again)"),
         (UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"),
-         "raises checkpoint is corrupt (UnicodeDecodeError: 'utf-8' codec can't decode byte "
-         "0xff in position 0: invalid start byte)"),
+         "raises checkpoint is corrupt ('utf-8' codec can't decode byte 0xff in position 0: "
+         "invalid start byte): check the file (save or download it again)"),
     ],
 )  # fmt: skip
 def test_a_parser_failure_it_did_not_foresee_is_one_checkpoint_error(

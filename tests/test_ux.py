@@ -421,3 +421,30 @@ def test_an_update_type_for_a_path_git_theta_does_not_track_is_refused(
         "notes.txt` first, or stage it with `git add notes.txt`\n"
     )
     assert git(repo, "diff", "--cached", "--name-only").stdout == b""
+
+
+def test_a_missing_object_is_one_line_naming_the_file_without_git_lfs_noise(
+    repo: Path,
+) -> None:
+    (repo / "model.safetensors").write_bytes(st_from_arrays(f32(SHAPES, 1)))
+    git(repo, "add", "model.safetensors")
+    git(repo, "commit", "-q", "-m", "v1")
+    shutil.rmtree(repo / ".git/lfs/theta/objects")
+    (repo / "model.safetensors").unlink()
+    why = (
+        "could not be downloaded from the Git LFS remote: this repository has no Git LFS "
+        "remote (no git remote, no lfs.url); add one with `git remote add origin URL` and "
+        "retry"
+    )
+    done = git(repo, "checkout", "--", "model.safetensors", check=False)
+    lines = done.stderr.decode().splitlines()
+    assert lines[0].startswith("git-theta: error: model.safetensors: object ")
+    assert lines[0].endswith(why)
+    assert lines[1:] == ["fatal: model.safetensors: smudge filter theta failed"]
+
+    env = {**os.environ, "GIT_THETA_SKIP_SMUDGE": "1"}
+    subprocess.run(["git", "checkout", "--", "model.safetensors"], cwd=repo, env=env, check=True)
+    done = subprocess.run(["git", "theta", "checkout"], cwd=repo, capture_output=True, text=True)
+    assert done.returncode == 1
+    assert done.stderr.startswith("git-theta: error: model.safetensors: object ")
+    assert done.stderr.endswith(why + "\n") and done.stderr.count("\n") == 1

@@ -159,6 +159,17 @@ def run_attached(*argv: str) -> int:
         raise not_found(argv) from None
 
 
+def run_shown(*argv: str, stdin: bytes, cwd: str | None = None) -> int:
+    """Run ``argv`` fed ``stdin``, its output going straight to the user's terminal (a
+    progress meter of its own); return its exit code."""
+    import subprocess
+
+    try:
+        return subprocess.run(argv, input=stdin, cwd=cwd, check=False).returncode
+    except FileNotFoundError:
+        raise not_found(argv) from None
+
+
 class Helper(Protocol):
     """A started helper: what callers of ``start`` use of a ``subprocess.Popen``."""
 
@@ -179,10 +190,12 @@ def start(
     cwd: str | None = None,
     env: Mapping[str, str] | None = None,
     may_prompt: bool = False,
+    stderr: int | None = None,
 ) -> Helper:
-    """Start ``argv`` with pipes on stdin and stdout (stderr stays the user's), for the
-    long-running helpers we talk to (``git cat-file --batch``, ``git lfs filter-process``).
-    ``may_prompt``: the helper may ask the user something on the terminal."""
+    """Start ``argv`` with pipes on stdin and stdout (stderr stays the user's unless
+    ``stderr``, a file descriptor, is given), for the long-running helpers we talk to
+    (``git cat-file --batch``, ``git lfs filter-process``). ``may_prompt``: the helper may
+    ask the user something on the terminal (prompts go to /dev/tty, not stderr)."""
     if may_prompt and spawner is not None:
         return spawner(argv, cwd, env)
     import subprocess
@@ -192,6 +205,7 @@ def start(
             argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
+            stderr=stderr,
             cwd=cwd,
             env=None if env is None else dict(env),
         )

@@ -39,8 +39,16 @@ def summary(line: str) -> None:
 class Progress:
     """Counts tensors and bytes; prints at most every INTERVAL once DELAY has passed."""
 
-    def __init__(self, label: str, total_bytes: int, total_items: int, show: bool | None = None):
+    def __init__(
+        self,
+        label: str,
+        total_bytes: int,
+        total_items: int,
+        show: bool | None = None,
+        unit: str = "tensors",
+    ):
         self.label = label
+        self.unit = unit
         self.total_bytes = total_bytes
         self.total_items = total_items
         self.done_bytes = 0
@@ -63,7 +71,7 @@ class Progress:
     def _print(self, now: float) -> None:
         rate = self.done_bytes / max(now - self.start, 1e-9) / 1e6
         sys.stderr.write(
-            f"\rgit-theta: {self.label}: {self.done_items}/{self.total_items} tensors, "
+            f"\rgit-theta: {self.label}: {self.done_items}/{self.total_items} {self.unit}, "
             f"{self.done_bytes / 1e6:.1f}/{self.total_bytes / 1e6:.1f} MB, {rate:.0f} MB/s"
         )
         sys.stderr.flush()

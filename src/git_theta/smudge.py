@@ -48,9 +48,18 @@ def ensure_objects(manifest: Manifest, store: ObjectStore, fetch: Fetch | None) 
         what, ref = missing[0]
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         where = "could not be downloaded from the Git LFS remote" if fetch else "is not local"
+        why = _download_failure(fetch)
         raise ObjectMissingError(
             f"object {ref.oid} for {what}{more} is not in the local Git LFS store and {where}"
+            + (f": {why}" if why else "")
         )
+
+
+def _download_failure(fetch: Fetch | None) -> str:
+    """Why the download failed, when ``fetch`` is a Downloader's (transfer.py) and git-lfs
+    said; "" otherwise."""
+    failure = getattr(getattr(fetch, "__self__", None), "failure", None)
+    return str(failure()) if callable(failure) else ""
 
 
 def smudge(

@@ -17,12 +17,13 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from git_theta import git
 from git_theta.errors import CommandError, ThetaError, TransferError
 from git_theta.parallel import Pool
-from git_theta.proc import Helper, run, start
+from git_theta.proc import Helper, run, run_shown, start
+from git_theta.progress import enabled as progress_enabled
 from git_theta.protocol.pktline import (
     PacketReader,
     PacketWriter,
@@ -44,7 +45,16 @@ def push(remote: str, refs: Iterable[ObjectRef], cwd: str | None = None) -> int:
     """Upload the objects to ``remote`` (the server skips those it has); return how many
     were asked for. Raises TransferError when git-lfs fails or is missing."""
     oids = sorted({ref.oid for ref in refs})
-    if oids:
+    if oids and progress_enabled():
+        # On a terminal git-lfs shows its own upload meter, and its own words on failure.
+        argv = ("git", *git.NO_FILTER, "lfs", "push", "--object-id", remote, "--stdin")
+        feed = "".join(f"{oid}\n" for oid in oids).encode()
+        if run_shown(*argv, stdin=feed, cwd=cwd) != 0:
+            raise TransferError(
+                f"uploading {len(oids)} content object(s) to {remote!r} failed, so no ref "
+                "was pushed (git-lfs says why above); push again once the server is reachable"
+            )
+    elif oids:
         try:
             run(
                 "git", *git.NO_FILTER, "lfs", "push", "--object-id", remote, "--stdin",
@@ -111,6 +121,9 @@ class Downloader:
         self.cwd = cwd
         self._proc: Helper | None = None
         self._local: Path | bool | None = False  # False: not looked up yet
+        # git-lfs's stderr: its per-object errors and progress are ours to summarise, in
+        # one line naming the file, not a screen of its own before that line.
+        self._stderr: IO[bytes] | None = None
 
     def _copy_local(self, wanted: dict[str, ObjectRef]) -> None:
         """Copy what a ``file://`` remote holds of ``wanted`` (removing those entries);
@@ -143,9 +156,14 @@ class Downloader:
             # We ask for objects by oid: the user's skip or include/exclude settings for
             # LFS files (matched against our made-up pathnames) must not apply.
             env = {k: v for k, v in os.environ.items() if k != "GIT_LFS_SKIP_SMUDGE"}
+            import tempfile  # only when something must be downloaded
+
+            # Kept open past this function: failure() reads it after the downloads.
+            self._stderr = tempfile.TemporaryFile(dir=self.store.tmp_dir())  # noqa: SIM115
             self._proc = start(
                 "git", "-c", "lfs.fetchinclude=", "-c", "lfs.fetchexclude=",
                 "lfs", "filter-process", cwd=self.cwd, env=env, may_prompt=True,
+                stderr=self._stderr.fileno(),
             )  # fmt: skip
             assert self._proc.stdin is not None and self._proc.stdout is not None
             inp, out = self._proc.stdin, self._proc.stdout
@@ -170,15 +188,36 @@ class Downloader:
         PacketReader(out).drain()  # the object's bytes: git-lfs has stored them already
         read_text_list(out)  # trailing status list (empty: unchanged)
 
+    def failure(self) -> str:
+        """Return why git-lfs could not download something, in a few words ("" when it
+        said nothing): the last error line it wrote, without its object ids."""
+        if self._stderr is None:
+            return ""
+        self._stderr.seek(0)
+        text = self._stderr.read(1 << 20).decode(errors="replace")
+        return lfs_failure(text)
+
     def fetch(self, refs: Iterable[ObjectRef]) -> None:
         """Download whichever of ``refs`` are missing locally. Objects the remote lacks
-        stay missing: callers check the store afterwards and say what is wrong."""
+        stay missing: callers check the store afterwards and say what is wrong (with
+        ``failure()``)."""
+        from git_theta.progress import Progress
+
         # present(), not has(): a plain Git LFS object is never taken into our directory.
         wanted = {ref.oid: ref for ref in refs if not self.store.present(ref)}
         if wanted:
             self._copy_local(wanted)
         if not wanted:
             return
+        progress = Progress(
+            "downloading", sum(ref.size for ref in wanted.values()), len(wanted), unit="objects"
+        )
+        try:
+            self._download(wanted, progress)
+        finally:
+            progress.close()
+
+    def _download(self, wanted: dict[str, ObjectRef], progress: Progress) -> None:
         inp, out = self._start()
         try:
             delayed = 0
@@ -191,6 +230,7 @@ class Downloader:
                 status = read_text_list(out)
                 if status == ["status=success"]:
                     self._receive(out)
+                    progress.advance(ref.size)
                 elif status == ["status=delayed"]:
                     delayed += 1
             while delayed:
@@ -206,6 +246,8 @@ class Downloader:
                     inp.flush()
                     if read_text_list(out) == ["status=success"]:
                         self._receive(out)
+                        got = wanted.get(name)
+                        progress.advance(got.size if got is not None else 0)
                     delayed -= 1
         except (EOFError, BrokenPipeError):
             self.close()  # git-lfs died; what it fetched is kept, the rest stays missing
@@ -218,4 +260,32 @@ class Downloader:
                 proc.stdin.close()
             except BrokenPipeError:
                 pass
-            proc.wait()
+            proc.wait()  # its captured stderr stays readable for failure()
+
+
+def lfs_failure(text: str) -> str:
+    """Return the reason in git-lfs's stderr ``text`` as a few words with a next step, or
+    "" when it holds no error."""
+    import re
+
+    lines = [
+        ln.strip()
+        for ln in text.splitlines()
+        if ("error" in ln.lower() or "fatal" in ln) and not ln.startswith("Errors logged")
+    ]
+    if not lines:
+        return ""
+    last = lines[-1]
+    if "missing protocol" in last:
+        return (
+            "this repository has no Git LFS remote (no git remote, no lfs.url); add one "
+            "with `git remote add origin URL` and retry"
+        )
+    # "Error downloading object: OID (short): Smudge error: Error downloading OID (OID): why"
+    last = re.sub(r"[0-9a-f]{64}( \([0-9a-f]{7,64}\))?:?", "", last)
+    why = last.rsplit(": ", 1)[-1].strip() or last
+    return f"git-lfs: {why[:200]}"
+
+
+if TYPE_CHECKING:
+    from git_theta.progress import Progress

@@ -47,13 +47,9 @@ def pre_push(remote: str, lines: list[str]) -> int:
             exclude.append(fields[3])
     count = upload(remote, include, exclude)
     if count:
-        summary(_uploaded(count, remote))
+        # git-lfs asks the server first and sends only what it lacks, without saying which.
+        summary(f"{count} tensor objects uploaded to {remote} or already there")
     return 0
-
-
-def _uploaded(count: int, remote: str) -> str:
-    # git-lfs asks the server first and sends only what it lacks, without saying which.
-    return f"{count} tensor objects uploaded to {remote} or already there"
 
 
 def upload(remote: str, include: list[str], exclude: list[str], local_only: bool = False) -> int:
@@ -143,7 +139,7 @@ def upload_command(remote: str, revs: list[str]) -> int:
     if not include:
         raise ThetaError(f"no revision given and no refs of remote {remote!r} are known")
     count = upload(remote, include, [])
-    summary(_uploaded(count, remote))
+    summary(f"{count} tensor objects uploaded to {remote} or already there")
     return 0
 
 
@@ -261,9 +257,13 @@ def checkout(paths: list[str], force: bool = False) -> int:
                 )
             # A temporary of an unguessable name beside it, in a directory reached
             # without following symlinks, renamed over it only if it is a regular file.
-            with AtomicWriter(dest, within=str(top)) as fh:
-                write_checkpoint(manifest, fh, path, repo.store, fetch=repo.downloader.fetch)
-            sys.stderr.write(f"git-theta: checked out {path}\n")
+            try:
+                with AtomicWriter(dest, within=str(top)) as fh:
+                    write_checkpoint(manifest, fh, path, repo.store, fetch=repo.downloader.fetch)
+            except ThetaError as exc:
+                exc.args = (f"{path}: {exc}",)  # which file, as git's own checkout says
+                raise
+            summary(f"checked out {path}")
     finally:
         repo.close()
     if not paths:

@@ -69,9 +69,10 @@ def _parsing(what: str) -> Iterator[None]:
             f"{what} claims more memory than there is: the file is corrupt or crafted"
         ) from None
     except _PARSER_ERRORS as exc:
-        detail = str(exc).splitlines()[0][:200] if str(exc) else ""
+        # The parser's own words, never its exception's name (users read this line).
+        detail = str(exc).splitlines()[0][:200] if str(exc) else "it ends or breaks early"
         raise CheckpointError(
-            f"{what} is corrupt ({type(exc).__name__}{': ' if detail else ''}{detail})"
+            f"{what} is corrupt ({detail}): check the file (save or download it again)"
         ) from None
 
 

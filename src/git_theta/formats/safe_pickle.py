@@ -157,7 +157,9 @@ def load(data: bytes) -> Any:
     except (IndexError, KeyError, TypeError, ValueError, AttributeError, struct.error) as exc:
         if isinstance(exc, CheckpointError):
             raise
-        raise CheckpointError(f"pickle is malformed ({type(exc).__name__})") from None
+        raise CheckpointError(
+            "the pickle inside is malformed: check the file (save or download it again)"
+        ) from None
 
 
 def _run(data: bytes) -> Any:
