@@ -374,11 +374,12 @@ def _merge_both(
         if side is None:
             return False
         entry = entries[side]
+        record = MergeRecord(choice.strategy)
         if entry is None:
             tensors.pop(name, None)
         else:
-            tensors[name] = entry
-        result.records[name] = MergeRecord(choice.strategy)
+            tensors[name] = entry._replace(merge=record)
+        result.records[name] = record
         return True
 
     computable = []
