@@ -49,6 +49,20 @@ def format_for(path: str, fmt: str | None) -> str:
     )
 
 
+_BIG = 1 << 20
+
+
+def _copy(dest: memoryview, src: memoryview) -> None:
+    """``dest[:] = src``; a large copy through NumPy, which releases the GIL for it, so
+    the clean's workers (hashing, encoding) go on meanwhile."""
+    if len(src) >= _BIG:
+        import numpy as np
+
+        np.copyto(np.frombuffer(dest, dtype=np.uint8), np.frombuffer(src, dtype=np.uint8))
+    else:
+        dest[:] = src
+
+
 class PartsSource:
     """A read-only stream over byte pieces (clean's ``Source``), handed out without
     joining them; ``tee`` (when given) receives every byte read."""
@@ -64,7 +78,7 @@ class PartsSource:
         while done < len(out) and self._index < len(self._parts):
             part = self._parts[self._index]
             n = min(len(part) - self._pos, len(out) - done)
-            out[done : done + n] = part[self._pos : self._pos + n]
+            _copy(out[done : done + n], part[self._pos : self._pos + n])
             done += n
             self._pos += n
             if self._pos == len(part):
