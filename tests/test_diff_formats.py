@@ -219,3 +219,19 @@ def test_git_show_measures_a_compressed_npz_member(repo: Path) -> None:
     commit(repo, "v2")
     shown = git(repo, "show", "HEAD", "--", "a.npz").stdout.decode()
     assert "-w  F32 [4]  L2 4  " in shown and "+w  F32 [4]  L2 6  " in shown
+
+
+def test_a_corrupt_compressed_member_is_named_and_the_rest_still_diffed(repo: Path) -> None:
+    track(repo, "*.npz")
+    w = np.random.default_rng(3).standard_normal(100_000).astype(np.float32)
+    np.savez_compressed(repo / "a.npz", w=w, b=np.ones(3))
+    commit(repo, "v1")
+    np.savez_compressed(repo / "a.npz", w=w * 2, b=np.zeros(3))
+    data = bytearray((repo / "a.npz").read_bytes())
+    start = data.index(b"w.npy") + 300_000  # past the .npy header, inside w's stream
+    data[start : start + 64] = b"\xff" * 64
+    (repo / "a.npz").write_bytes(bytes(data))
+    out = theta(repo, "diff").stdout
+    assert "M b  F64 [3]  deflated  3/3 changed (100.00%)" in out
+    (line,) = [x for x in out.splitlines() if x.startswith("M w")]
+    assert line.startswith("M w  F32 [100000]  deflated  not compared: npz member 'w' is corrupt")

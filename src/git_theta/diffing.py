@@ -40,6 +40,7 @@ class TensorSide:
     store: ObjectStore | None = None
     limit: int | None = None  # the most bytes its value may have (from its manifest)
     unreadable: str = ""  # why its values cannot be compared (a member over the inflate cap)
+    merge: str = ""  # how a merge made this value ("ties density=0.5 ..."), from its manifest
 
 
 # How a compressed npz member is stored: in the file's glue, as its deflated zip member.
@@ -135,7 +136,7 @@ def _glue_pieces(manifest: Manifest) -> list[tuple[int, int, int]] | None:
     return pieces
 
 
-def _member_side(name: str, data: bytes, reread: Callable[[], bytes]) -> TensorSide:
+def _member_side(name: str, data: bytes, reread: Callable[[], bytes], crc: int) -> TensorSide:
     """A deflated npz member as a side: its hash is its compressed bytes' (equal bytes,
     equal array), its values are inflated when compared (``reread`` gives the bytes)."""
     from git_theta.formats.numpy_npz import inflate_cap, member_array
@@ -153,7 +154,7 @@ def _member_side(name: str, data: bytes, reread: Callable[[], bytes]) -> TensorS
         )
 
     def load() -> bytes:
-        span, member = member_array(reread(), name)
+        span, member = member_array(reread(), name, crc=crc)
         return member[span.start : span.end]
 
     return TensorSide(
@@ -178,7 +179,7 @@ def _deflated_sides(
         def again(start: int = member.start, n: int = member.size) -> bytes:
             return reread(start, n)
 
-        out[member.name] = _member_side(member.name, data, again)
+        out[member.name] = _member_side(member.name, data, again, member.crc)
     return out
 
 
@@ -199,6 +200,13 @@ def _manifest_members(manifest: Manifest, store: ObjectStore) -> dict[str, Tenso
         return view.read(n)
 
     return _deflated_sides(cast(BinaryIO, view), manifest.size, manifest.tensors.keys(), reread)
+
+
+def merge_text(entry: TensorEntry) -> str:
+    """How a merge made ``entry``'s value, as "STRATEGY k=v ...", or ""."""
+    if entry.merge is None:
+        return ""
+    return " ".join([entry.merge.strategy, *(f"{k}={v}" for k, v in entry.merge.params)])
 
 
 def from_manifest(manifest: Manifest | None, store: ObjectStore) -> dict[str, TensorSide]:
@@ -222,6 +230,7 @@ def from_manifest(manifest: Manifest | None, store: ObjectStore) -> dict[str, Te
             entry.chain,
             store,
             _limit(manifest, entry),
+            merge=merge_text(entry),
         )
     return out
 
@@ -342,17 +351,23 @@ def _measure(diff: TensorDiff) -> None:
     old, new = diff.old, diff.new
     assert old is not None and new is not None
     diff.update_summary = _update_summary(old, new)
-    if old.dtype != new.dtype or old.shape != new.shape:
-        diff.note = "dtype or shape changed"
-        return
     if old.unreadable or new.unreadable:
         diff.note = old.unreadable or new.unreadable
+        return
+    if old.dtype != new.dtype or old.shape != new.shape:
+        diff.note = "dtype or shape changed"
         return
     if old.load is None or new.load is None:
         diff.note = "values not local: run `git theta fetch`"
         return
-    a = old.load()
-    b = _apply_last(old, new, a) or new.load()
+    try:
+        a = old.load()
+        b = _apply_last(old, new, a) or new.load()
+    except CheckpointError as exc:
+        if DEFLATED not in (old.update, new.update):
+            raise
+        diff.note = f"not compared: {exc}"  # a corrupt member: the rest of the diff stands
+        return
     block = BLOCKS.get(new.dtype)
     if block is not None:  # quantized: its bytes are blocks of elements, not elements
         from git_theta.values import elements_changed

@@ -68,6 +68,8 @@ def _tensor_line(t: TensorDiff) -> str:
             parts.append(f"L2 {t.l2:.4g}  max {t.max_abs:.4g}  rel {rel}")
         if t.update_summary:
             parts.append(t.update_summary)
+        if t.new.merge:  # how a merge made the new value
+            parts.append(f"merged: {t.new.merge}")
         if t.note:
             parts.append(t.note)
     else:
@@ -157,6 +159,7 @@ def _side_json(side: TensorSide | None) -> dict[str, Any] | None:
         "shape": list(side.shape),
         "hash": side.hash,
         "update": side.update,
+        "merged": side.merge or None,
     }
 
 
@@ -295,7 +298,12 @@ def diff(
 
     def side(found: dict[str, Manifest], rev: str, path: str) -> dict[str, TensorSide]:
         if path in found:
-            return from_manifest(found[path], store)
+            manifest = found[path]
+            if manifest.format == "npz" and not store.has(manifest.glue.ref):
+                # Its compressed members are in the glue: without it they would show as
+                # added or removed. Objects the remote lacks stay missing (as fetch says).
+                repo.downloader.fetch([manifest.glue.ref])
+            return from_manifest(manifest, store)
         return lfs_side(f"{rev}:{path}", repo) or {}  # an LFS version of a tracked path
 
     # "Stored for the change": objects no file of the old version references (a tensor

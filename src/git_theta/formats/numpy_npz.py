@@ -13,7 +13,7 @@ from typing import BinaryIO, NamedTuple
 from git_theta.errors import CheckpointError
 from git_theta.formats.base import CheckpointFormat, LimitExceeded, ReadExact, TensorSpan, shown
 from git_theta.formats.numpy_npy import MAGIC, NpyFormat
-from git_theta.formats.zip_index import zip_data_start, zip_entries
+from git_theta.formats.zip_index import zip_data_start, zip_entries, zip_members
 
 
 class NpzFormat(CheckpointFormat):
@@ -75,26 +75,27 @@ def inflate_cap(compressed: int) -> int:
 
 
 class CompressedMember(NamedTuple):
-    """A deflated ``.npy`` member: its array name and where its compressed bytes lie."""
+    """A deflated ``.npy`` member: its array name, where its compressed bytes lie, and
+    the CRC-32 and size the zip directory gives its uncompressed bytes."""
 
     name: str
     start: int
     size: int
+    crc: int
+    usize: int
 
 
 def compressed_members(fh: BinaryIO, size: int) -> list[CompressedMember]:
     """Return the deflated ``.npy`` members of the npz ``fh``, in file order. Raises
     CheckpointError when the zip directory or a member lies outside the file."""
     out = []
-    for name, (offset, length, method) in sorted(
-        zip_entries(fh, size).items(), key=lambda e: e[1][0]
-    ):
-        if method != _DEFLATED or not name.endswith(".npy"):
+    for name, m in sorted(zip_members(fh, size).items(), key=lambda e: e[1].offset):
+        if m.method != _DEFLATED or not name.endswith(".npy"):
             continue
-        start = zip_data_start(fh, offset, size)
-        if start + length > size:
+        start = zip_data_start(fh, m.offset, size)
+        if start + m.size > size:
             raise CheckpointError(f"npz member {shown(name)} lies outside the file")
-        out.append(CompressedMember(name[: -len(".npy")], start, length))
+        out.append(CompressedMember(name[: -len(".npy")], start, m.size, m.crc, m.usize))
     return out
 
 
@@ -114,14 +115,15 @@ def _npy_header(member: bytes, name: str) -> TensorSpan:
 
 
 def member_array(
-    compressed: bytes, name: str, header_only: bool = False
+    compressed: bytes, name: str, header_only: bool = False, crc: int | None = None
 ) -> tuple[TensorSpan, bytes]:
     """Inflate a deflated member: return its array's span (offsets into the bytes returned)
     and the member's bytes, up to its array's end (only the header with ``header_only``).
 
-    Raises CheckpointError when it is not an .npy array or is corrupt or truncated, and
-    LimitExceeded when its array would inflate past ``inflate_cap`` (not checked for
-    ``header_only``: the header alone is at most 64 KiB).
+    Raises CheckpointError when it is not an .npy array, is truncated, or is corrupt (a
+    raw deflate stream has no checksum: ``crc``, the zip directory's CRC-32 of the whole
+    member, is checked when given), and LimitExceeded when its array would inflate past
+    ``inflate_cap`` (not checked for ``header_only``: the header is at most 64 KiB).
     """
     inflate = zlib.decompressobj(-15)  # zip members are raw deflate streams
     try:
@@ -135,8 +137,12 @@ def member_array(
         data = head[: inner.end]
         if len(head) < inner.end:  # max_length 0 would mean no limit: only ask for more
             data += inflate.decompress(inflate.unconsumed_tail, inner.end - len(head))
+        # Past the array: nothing more, then the stream's end (else it was cut short).
+        more = len(head) > inner.end or bool(inflate.decompress(inflate.unconsumed_tail, 1))
     except zlib.error as exc:
         raise CheckpointError(f"npz member {shown(name)} is corrupt ({exc})") from None
-    if len(data) < inner.end:
+    if len(data) < inner.end or (crc is not None and not inflate.eof):
         raise CheckpointError(f"npz member {shown(name)} is shorter than its header says")
+    if crc is not None and (more or zlib.crc32(data) != crc):
+        raise CheckpointError(f"npz member {shown(name)} is corrupt (its CRC-32 differs)")
     return inner, data

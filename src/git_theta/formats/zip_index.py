@@ -9,7 +9,7 @@ count and directory size are capped before the directory is read.
 from __future__ import annotations
 
 import struct
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 from git_theta.errors import CheckpointError
 from git_theta.formats.base import MAX_TENSORS, LimitExceeded, shown
@@ -18,8 +18,16 @@ MAX_ENTRIES = MAX_TENSORS + 1024  # members: one per storage, and a few records
 # Bytes of central directory: 46 bytes and a name per member (~110 for torch's).
 MAX_DIRECTORY = 64 << 20
 _EOCD = b"PK\x05\x06"
-_ENTRY = struct.Struct("<4s6xH8xIIHHH8xI")  # sig, method, csize, usize, n_name, n_extra,
-# n_comment, local header offset: one central directory record, without its name
+_ENTRY = struct.Struct("<4s6xH4xIIIHHH8xI")  # sig, method, crc32, csize, usize, n_name,
+# n_extra, n_comment, local header offset: one central directory record, without its name
+
+
+class ZipMember(NamedTuple):
+    offset: int  # of its local header
+    size: int  # stored (compressed) bytes
+    method: int
+    crc: int  # CRC-32 of its uncompressed bytes
+    usize: int  # uncompressed bytes (as the directory claims)
 
 
 def zip_entries(fh: BinaryIO, size: int) -> dict[str, tuple[int, int, int]]:
@@ -28,6 +36,11 @@ def zip_entries(fh: BinaryIO, size: int) -> dict[str, tuple[int, int, int]]:
     Raises CheckpointError when the directory is missing, corrupt, points outside the
     file, or claims more than MAX_ENTRIES members or MAX_DIRECTORY bytes.
     """
+    return {name: m[:3] for name, m in zip_members(fh, size).items()}
+
+
+def zip_members(fh: BinaryIO, size: int) -> dict[str, ZipMember]:
+    """Return the central directory, name -> ZipMember (raises as ``zip_entries``)."""
     tail_len = min(size, 65536 + 22)
     fh.seek(size - tail_len)
     tail = fh.read(tail_len)
@@ -56,12 +69,12 @@ def zip_entries(fh: BinaryIO, size: int) -> dict[str, tuple[int, int, int]]:
         raise CheckpointError(f"zip central directory is too short for {count} members")
     fh.seek(cd_offset)
     directory = fh.read(cd_size)
-    out: dict[str, tuple[int, int, int]] = {}
+    out: dict[str, ZipMember] = {}
     pos = 0
     for _ in range(count):
         if pos + _ENTRY.size > len(directory):
             raise CheckpointError("zip central directory is corrupt")
-        sig, method, csize, usize, n_name, n_extra, n_comment, offset = _ENTRY.unpack_from(
+        sig, method, crc, csize, usize, n_name, n_extra, n_comment, offset = _ENTRY.unpack_from(
             directory, pos
         )
         end = pos + _ENTRY.size + n_name + n_extra + n_comment
@@ -70,10 +83,10 @@ def zip_entries(fh: BinaryIO, size: int) -> dict[str, tuple[int, int, int]]:
         name_at = pos + _ENTRY.size
         name = directory[name_at : name_at + n_name].decode("utf-8", "replace")
         extra = directory[name_at + n_name : name_at + n_name + n_extra]
-        csize, offset = _zip64_fields(extra, csize, usize, offset)
+        csize, usize, offset = _zip64_sizes(extra, csize, usize, offset)
         if offset + 30 > size or csize > size:
             raise CheckpointError(f"zip member {shown(name)} lies outside the file")
-        out[name] = (offset, csize, method)
+        out[name] = ZipMember(offset, csize, method, crc, usize)
         pos = end
     return out
 
@@ -81,6 +94,12 @@ def zip_entries(fh: BinaryIO, size: int) -> dict[str, tuple[int, int, int]]:
 def _zip64_fields(extra: bytes, csize: int, usize: int, offset: int) -> tuple[int, int]:
     """Return (stored size, offset), taken from the zip64 extra field where the record
     says so (a field of all ones). Raises CheckpointError when the field lacks them."""
+    csize, _, offset = _zip64_sizes(extra, csize, usize, offset)
+    return csize, offset
+
+
+def _zip64_sizes(extra: bytes, csize: int, usize: int, offset: int) -> tuple[int, int, int]:
+    """``_zip64_fields`` with the uncompressed size: (stored size, size, offset)."""
     pos = 0
     while pos + 4 <= len(extra):
         tag, length = struct.unpack_from("<HH", extra, pos)
@@ -92,13 +111,13 @@ def _zip64_fields(extra: bytes, csize: int, usize: int, offset: int) -> tuple[in
             if sum(wanted) > len(fields):
                 raise CheckpointError("zip64 extra field is missing a size or an offset")
             if wanted[0]:
-                fields.pop(0)
+                usize = fields.pop(0)
             if wanted[1]:
                 csize = fields.pop(0)
             if wanted[2]:
                 offset = fields.pop(0)
         pos += 4 + length
-    return csize, offset
+    return csize, usize, offset
 
 
 def zip_data_start(fh: BinaryIO, offset: int, size: int) -> int:
