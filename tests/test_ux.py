@@ -448,3 +448,46 @@ def test_a_missing_object_is_one_line_naming_the_file_without_git_lfs_noise(
     assert done.returncode == 1
     assert done.stderr.startswith("git-theta: error: model.safetensors: object ")
     assert done.stderr.endswith(why + "\n") and done.stderr.count("\n") == 1
+
+
+def _on_a_terminal(argv: list[str], cwd: Path) -> tuple[int, str]:
+    """Run ``argv`` on a pseudo-terminal (stdout, stderr); return its exit code and what the
+    terminal showed."""
+    import pty
+
+    primary, secondary = pty.openpty()
+    try:
+        proc = subprocess.Popen(argv, cwd=cwd, stdout=secondary, stderr=secondary)
+        os.close(secondary)
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(primary, 65536)
+            except OSError:  # EIO: every writer closed the terminal
+                break
+            if not chunk:
+                break
+            shown += chunk
+        return proc.wait(), shown.decode(errors="replace")
+    finally:
+        os.close(primary)
+
+
+def test_a_push_on_a_terminal_shows_upload_progress_and_q_silences_it(
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("GIT_THETA_QUIET")
+    remote = tmp_path / "origin.git"
+    git(tmp_path, "init", "-q", "--bare", str(remote))
+    git(repo, "remote", "add", "origin", f"file://{remote}")
+    (repo / "model.safetensors").write_bytes(st_from_arrays(f32(SHAPES, 1)))
+    git(repo, "add", "model.safetensors")
+    git(repo, "commit", "-q", "-m", "v1")
+    code, shown = _on_a_terminal(["git", "push", "-q", "origin", "main"], repo)
+    assert (code, shown) == (0, "")
+    (repo / "model.safetensors").write_bytes(st_from_arrays(f32(SHAPES, 2)))
+    git(repo, "commit", "-qam", "v2")
+    code, shown = _on_a_terminal(["git", "push", "origin", "main"], repo)
+    assert code == 0
+    assert "Uploading LFS objects: 100% (3/3)" in shown  # git-lfs's own meter
+    assert "tensor objects uploaded to origin or already there" in shown
