@@ -22,6 +22,7 @@ from git_theta.merges.base import (
     MergeStrategy,
     MergeTypeError,
     TensorMerge,
+    combinable,
     merge_tensor,
     parse_params,
 )
@@ -265,11 +266,12 @@ def test_disjoint_sparse_fine_tunes_merge_bit_exactly_under_every_strategy(
     )
 
 
-@pytest.mark.parametrize("dtype", ["F32", "BF16", "F16", "F8_E4M3"])
+@pytest.mark.parametrize("dtype", ["F32", "BF16", "F16", "F8_E4M3", "F8_E5M2FNUZ", "F64"])
 @pytest.mark.parametrize("key", COMPUTING)
 def test_only_elements_changed_differently_on_both_sides_get_the_strategy(
     key: str, dtype: str
 ) -> None:
+    assert combinable(dtype)
     rng = np.random.default_rng(11)
     n = 3000
     wide = rng.standard_normal((3, n)).astype(np.float32)
@@ -377,6 +379,7 @@ def test_dtypes_that_cannot_be_combined_are_left_to_ours_theirs_or_base(
     rng = np.random.default_rng(4)
     base = make(rng)
     ours, theirs = make(rng), make(rng)
+    assert not combinable(dtype)
     for key in COMPUTING:
         with pytest.raises(MergeTypeError) as caught:
             run(key, base, ours, theirs, dtype, **({"seed": "1"} if key == "dare" else {}))

@@ -115,9 +115,9 @@ class Blocks(Protocol):
 class TensorMerge:
     """The result of merging one tensor.
 
-    ``data`` has the tensor's bytes (little-endian, in the tensor's dtype; its NumPy
-    dtype is the storage view: ``<u2`` for BF16, ``u1`` for FP8 and opaque types) and
-    the shape of the ``ours`` input. The counts are in elements (in blocks for
+    ``data`` holds the merged tensor's bytes (little-endian, in the tensor's dtype) as
+    an array of the ``ours`` input's NumPy dtype and shape (a uint16 view in, a uint16
+    view out; ml_dtypes bfloat16 in, bfloat16 out). The counts are in elements (in blocks for
     block-quantized types, bytes for packed sub-byte types, one for an opaque dtype)
     and add up to the total: ``unchanged`` equal on all three sides, ``from_ours`` /
     ``from_theirs`` changed on that side only, ``same`` changed identically on both,
@@ -162,11 +162,23 @@ def merge_tensor(
     (NaN and -0.0 are exact): an element changed on one side only comes from that side,
     one changed identically on both is taken, and only elements changed differently on
     both get the strategy's value, computed in float32 (float64 for F64) and rounded
-    once to ``dtype`` (round to nearest even).
+    once to ``dtype`` (round to nearest even). A strategy is consulted (and its dtype
+    and base checked) only when some element needs it, so a merge with no conflicting
+    element succeeds under any strategy and dtype. Returns a TensorMerge.
 
-    Raises MergeTypeError when a computing strategy meets a dtype it cannot combine,
-    MergeBaseMissingError when the strategy needs a base and there is none, and
-    MergeShapeError when the versions differ in size."""
+    Raises MergeTypeError when a computing strategy meets a dtype it cannot combine
+    (see ``combinable``), MergeBaseMissingError when the strategy needs a base and there
+    is none, and MergeShapeError when the versions differ in size (a shape or dtype
+    change is for the caller to resolve by taking one side whole)."""
     from git_theta.merges._threeway import merge
 
     return merge(strategy, params, base, ours, theirs, dtype, tensor)
+
+
+def combinable(dtype: str) -> bool:
+    """Return True when computing strategies (average, TIES, ...) can merge tensors of
+    git-theta dtype ``dtype``: F16, BF16, F32, F64 and the FP8 types E4M3, E5M2 and
+    their FNUZ variants. Others are resolved only by ours, theirs or base."""
+    from git_theta.merges._floats import combinable as check
+
+    return check(dtype)
