@@ -77,6 +77,11 @@ def read_tensors(path: str) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
             raise
         except ThetaError as exc:
             raise UsageError(f"--update-path {path}: {exc}") from None
+        if not spans and fmt.key == "npz":
+            raise UsageError(
+                f"--update-path {path}: no uncompressed arrays in it (members written by "
+                "np.savez_compressed are not read); save the factors with np.savez"
+            )
         return {s.name: (s.dtype, s.shape, data[s.start : s.end]) for s in spans}
     finally:
         data.close()

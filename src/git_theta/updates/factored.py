@@ -236,6 +236,14 @@ def _product(r: np.ndarray, c: np.ndarray, rounding: str) -> np.ndarray:
     return out
 
 
+def _widened(prev: Buffer, dtype: str) -> np.ndarray:
+    from git_theta.values import as_float64
+
+    values = as_float64(prev, dtype)
+    assert values is not None  # callers pass float dtypes
+    return values
+
+
 def reproduce_numpy(
     prev: Buffer, dtype: str, shape: tuple[int, ...], inputs: Inputs
 ) -> bytes | None:
@@ -244,8 +252,9 @@ def reproduce_numpy(
 
     from git_theta.values import as_float64
 
-    base = as_float64(prev, dtype)
-    if base is None or not shape or inputs.rounding not in ROUNDINGS:
+    if dtype not in FLOATS or not shape or inputs.rounding not in ROUNDINGS:
+        return None
+    if len(prev) != math.prod(shape) * _size(dtype):
         return None
     steps = inputs.rounding == "steps"
     if steps and (dtype == "F64" or any(f.dtype == "F64" for f in inputs.factors)):
@@ -254,7 +263,7 @@ def reproduce_numpy(
         if len(shape) != 2:
             return None
         rows, cols = shape
-        base = base.reshape(rows, cols)
+        base = _widened(prev, dtype).reshape(rows, cols)
         vector = inputs.factors[0].values().reshape(-1)
         if vector.size == rows:
             return _to_dtype(base * vector[:, None], dtype)
@@ -273,7 +282,7 @@ def reproduce_numpy(
             vector = vector.reshape(-1)
         elif inputs.transpose:
             vector = vector.T
-        scaled = base.reshape(shape) * vector  # exact in float64: one rounding below
+        scaled = _widened(prev, dtype).reshape(shape) * vector  # exact: one rounding below
         if steps:
             scaled = scaled.astype(np.float32).astype(np.float64)
         return _to_dtype(scaled.reshape(-1), dtype)
@@ -281,11 +290,35 @@ def reproduce_numpy(
     r, c = (f.values() for f in inputs.factors)
     r = r.reshape(stack, r.shape[-2], r.shape[-1])
     c = c.reshape(stack, c.shape[-2], c.shape[-1])
-    change = np.stack([_product(r[i], c[i], inputs.rounding) for i in range(stack)])
-    if inputs.transpose:
-        change = change.transpose(0, 2, 1)
-    change = change.reshape(-1)
-    if not steps:
+    size = _size(dtype)
+    view_prev = memoryview(prev).cast("B")
+    # Block by block of output rows (about 256 Ki elements each): the float64
+    # temporaries stay small whatever the tensor's size; every operation is elementwise,
+    # so the blocks give the same bits as the whole.
+    step = max(1, (1 << 18) // max(cols, 1))
+    out = []
+    for i in range(stack):
+        for top in range(0, rows, step):
+            end = min(rows, top + step)
+            if inputs.transpose:  # output rows are C's columns
+                change = _product(r[i], c[i][:, top:end], inputs.rounding).T
+            else:
+                change = _product(r[i][top:end], c[i], inputs.rounding)
+            first = (i * rows + top) * cols * size
+            block = as_float64(view_prev[first : first + (end - top) * cols * size], dtype)
+            assert block is not None  # a float dtype (checked above)
+            out.append(_combine(block, change.reshape(-1), inputs, dtype))
+    return b"".join(out)
+
+
+def _combine(base: np.ndarray, change: np.ndarray, inputs: Inputs, dtype: str) -> bytes:
+    """The new values of ``base`` changed by ``change`` (``R @ C``), rounded as
+    ``inputs.rounding`` says, as bytes of ``dtype``."""
+    import numpy as np
+
+    from git_theta.values import as_float64
+
+    if inputs.rounding != "steps":
         return _to_dtype(base + inputs.scale * change, dtype)
     scale = float(np.float32(inputs.scale))
     delta = (change * scale).astype(np.float32).astype(np.float64)  # exact product, one rounding

@@ -133,6 +133,17 @@ def read_adapter(
                 "weight's norm); stored as auto would"
             )
             continue
+        if len(a.shape) > 2 or len(b.shape) > 2:
+            # Conv LoRA: A (r, in, kh, kw), B (out, r, 1, 1); the change is B @ A on the
+            # kernel viewed as (out, in * kh * kw). The same bytes, as matrices.
+            if len(b.shape) < 2 or any(d != 1 for d in b.shape[2:]) or not a.shape:
+                found.refused[target] = (
+                    f"LoRA factors {list(b.shape)} x {list(a.shape)} are not a matrix "
+                    "product (grouped convolution?); stored as auto would"
+                )
+                continue
+            a = a._replace(shape=(a.shape[0], math.prod(a.shape[1:])))
+            b = b._replace(shape=tuple(b.shape[:2]))
         rank = a.shape[0] if a.shape else 0
         if match["emb"]:  # lora_embedding_A is (r, num), B (dim, r): the change is (B @ A).T
             rank = a.shape[0] if len(a.shape) == 2 else 0
