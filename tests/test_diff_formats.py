@@ -209,6 +209,9 @@ def test_a_tensor_that_moved_between_shards_is_not_stored_for_the_change(repo: P
     assert sum(f["bytes_stored"] for f in report["files"]) == expected
     moved = theta(repo, "diff", "HEAD~1", "HEAD", "--", "s2.safetensors").stdout
     assert f", {expected - report['files'][0]['bytes_stored']} B stored for the change" in moved
+    # git's driver sees only the file: it counts b's object and says what it counted.
+    driver = git(repo, "diff", "HEAD~1", "HEAD", "--", "s2.safetensors").stdout.decode()
+    assert " kB new to this file\n" in driver
 
 
 def test_git_show_measures_a_compressed_npz_member(repo: Path) -> None:
