@@ -70,7 +70,9 @@ def test_changes_to_different_tensors_merge_cleanly(repo: Path) -> None:
     assert git(repo, "status", "--porcelain").stdout == b""
 
 
-def test_both_sides_changing_elements_is_a_named_conflict_then_resolved(repo: Path) -> None:
+def test_both_sides_changing_elements_is_a_named_conflict_then_resolved(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     base = arrays()
     base = branches(repo, {"d": base["d"] + np.float32(1)}, {"d": base["d"] + np.float32(2)})
     ours = {**base, "d": base["d"] + np.float32(2)}
@@ -92,6 +94,11 @@ def test_both_sides_changing_elements_is_a_named_conflict_then_resolved(repo: Pa
     assert git(repo, "status", "--porcelain").stdout == b""
     record = staged_manifest(repo)["tensors"]["d"]["merge"]  # type: ignore[index]
     assert record == {"strategy": "average", "params": {"weight": "0.5"}}
+    capsys.readouterr()
+    assert main(["show", M]) == 0
+    assert "\tmerged: average weight=0.5\n" in capsys.readouterr().out
+    assert main(["diff", "HEAD^", "HEAD"]) == 0
+    assert "merged: average weight=0.5" in capsys.readouterr().out
     # Re-adding the same bytes keeps the record: nothing shows as modified.
     (repo / M).write_bytes((repo / M).read_bytes())
     git(repo, "add", M)
