@@ -129,3 +129,19 @@ def test_npy_checkpoints_merge_too(repo: Path, monkeypatch: pytest.MonkeyPatch) 
     git(repo, "merge", "-q", "--no-edit", "left")
     check(load(repo / "m.npy"), {"a": expected(base)["a"]})
     assert git(repo, "status", "--porcelain").stdout == b""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["rebase", "cherry-pick"])
+def test_a_stopped_rebase_or_cherry_pick_is_resolved_with_git_theta_merge(
+    repo: Path, how: str
+) -> None:
+    from git_theta.commands.cli import main
+
+    base, _, _ = two_sides(repo)
+    args = ["rebase", "left"] if how == "rebase" else ["cherry-pick", "left"]
+    assert git(repo, *args, check=False).returncode != 0
+    assert main(["merge", "--strategy", "average", M]) == 0
+    git(repo, "-c", "core.editor=true", how, "--continue")
+    check(load(repo / M), expected(base))
+    assert git(repo, "status", "--porcelain").stdout == b""
