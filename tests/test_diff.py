@@ -63,7 +63,7 @@ def test_text_report_matches_golden(repo: Path) -> None:
     assert theta(repo, "diff", "HEAD~1", "HEAD", ".").stdout == out  # a directory pathspec
     stat = theta(repo, "diff", "--stat", "HEAD~1", "HEAD").stdout
     assert stat.splitlines()[2:] == [
-        " a  1 modified, 4 parameters",
+        " a  1 modified, 4 parameters, rel 8.57",
         " b  1 removed, 8 parameters",
         " c  1 modified, 6 parameters",
         " d  1 added, 3 parameters",

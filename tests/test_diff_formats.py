@@ -114,7 +114,8 @@ def test_a_tensor_that_was_all_zeros_has_no_infinite_relative_change(repo: Path)
     ]
     assert (entry["rel"], entry["old_norm"], entry["l2"]) == (None, 0.0, 5.0)
     assert entry["note"] == "was all zeros"
-    assert "inf" not in theta(repo, "diff", "--stat", "HEAD~1", "HEAD").stdout
+    stat = theta(repo, "diff", "--stat", "HEAD~1", "HEAD").stdout
+    assert " z  1 modified, 2 parameters, was all zeros\n" in stat and "inf" not in stat
 
 
 def _stat_lines(repo: Path) -> list[str]:
@@ -135,9 +136,9 @@ def test_stat_groups_npz_names_at_slashes(repo: Path) -> None:
         np.savez(repo / "m.npz", **_layers(scale))
         commit(repo, "v")
     assert _stat_lines(repo) == [
-        " head  1 modified, 6 parameters",
-        " layer/0  2 modified, 12 parameters",
-        " layer/1  1 modified, 6 parameters",
+        " head  1 modified, 6 parameters, rel 1",
+        " layer/0  2 modified, 12 parameters, rel 1",
+        " layer/1  1 modified, 6 parameters, rel 1",
     ]
 
 
@@ -155,9 +156,9 @@ def test_stat_groups_flax_names_below_their_common_root(repo: Path) -> None:
         (repo / "m.msgpack").write_bytes(serialization.to_bytes(state))
         commit(repo, "v")
     assert _stat_lines(repo) == [
-        " params/head  2 modified, 12 parameters",
-        " params/layer/0  1 modified, 6 parameters",
-        " params/layer/1  1 modified, 6 parameters",
+        " params/head  2 modified, 12 parameters, rel 1",
+        " params/layer/0  1 modified, 6 parameters, rel 1",
+        " params/layer/1  1 modified, 6 parameters, rel 1",
     ]
 
 
@@ -170,9 +171,9 @@ def test_stat_groups_hdf5_names_at_slashes(repo: Path) -> None:
                 f[name] = value
         commit(repo, "v")
     assert _stat_lines(repo) == [
-        " head  1 modified, 6 parameters",
-        " layer/0  2 modified, 12 parameters",
-        " layer/1  1 modified, 6 parameters",
+        " head  1 modified, 6 parameters, rel 1",
+        " layer/0  2 modified, 12 parameters, rel 1",
+        " layer/1  1 modified, 6 parameters, rel 1",
     ]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import math
 import os
 import re
 import sys
@@ -116,6 +117,19 @@ def _group(name: str, depth: int = 1) -> str:
     return "".join(parts[: 2 * depth - 1])
 
 
+def _group_rel(items: list[TensorDiff]) -> str:
+    """The group's relative change, ||new - old|| / ||old|| over its measured tensors
+    ("" when none was measured; "was all zeros" when their old values were)."""
+    measured = [t for t in items if t.l2 is not None and t.old_norm is not None]
+    if not measured:
+        return ""
+    change = math.sqrt(sum((t.l2 or 0.0) ** 2 for t in measured))
+    norm = math.sqrt(sum((t.old_norm or 0.0) ** 2 for t in measured))
+    if norm > 0:
+        return f", rel {change / norm:.4g}"
+    return ", rel 0" if change == 0 else ", was all zeros"
+
+
 def _group_depth(names: list[str]) -> int:
     """2 when every name starts with the same component and goes deeper (Flax's
     ``params/``, Keras's ``layers/``): grouping by it alone would make one group."""
@@ -140,7 +154,7 @@ def render_text(report: FileDiff, stat: bool, colour: bool) -> str:
                 f"{n} {k}" for k in ("modified", "added", "removed")
                 if (n := sum(t.status == k for t in items))
             )  # fmt: skip
-            lines.append(escape(f" {prefix}  {kinds}, {params:,} parameters"))
+            lines.append(escape(f" {prefix}  {kinds}, {params:,} parameters{_group_rel(items)}"))
     else:
         for t in report.tensors:
             line = escape(_tensor_line(t))
