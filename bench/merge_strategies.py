@@ -6,8 +6,8 @@ sides, differently (so git-theta's element-wise step hands every element to the
 strategy: its worst case). For each strategy (average, ties, dare, slerp) and tool, the
 median wall time of ``--runs`` runs and the peak memory above the inputs (max RSS after
 the first run, result included, minus RSS before it, by /proc/self/clear_refs), each tool
-in its own fresh process (glibc's mmap threshold fixed at 128 KiB for both, so large
-allocations are fresh pages).
+in its own fresh process (glibc's free memory handed back with malloc_trim before each
+run, so a merge's memory is counted even where it reuses freed heap).
 
 - git-theta: ``merges.merge_tensor`` on the tensors' raw bytes (BF16 as uint16), which
   includes the three-way step and the single rounding to the dtype;
@@ -76,7 +76,11 @@ def _status(field: str) -> int:
 
 
 def reset_peak() -> int:
-    """Reset the peak RSS to the current RSS (Linux clear_refs 5); return the RSS."""
+    """Give freed heap back to the OS, reset the peak RSS to the current RSS (Linux
+    clear_refs 5); return the RSS."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
     Path("/proc/self/clear_refs").write_text("5")
     return _status("VmRSS")
 
@@ -130,15 +134,7 @@ def child(tool: str, strategy: str, shape_name: str, dtype: str, runs: int) -> d
         check=True,
         capture_output=True,
         text=True,
-        env={
-            **os.environ,
-            "OMP_NUM_THREADS": "1",
-            "OPENBLAS_NUM_THREADS": "1",
-            # Large blocks always come fresh from the OS and go back on free, so the peak
-            # counts what a merge allocates rather than what glibc happened to keep.
-            "MALLOC_MMAP_THRESHOLD_": "131072",
-            "MALLOC_TRIM_THRESHOLD_": "131072",
-        },
+        env={**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"},
     )
     result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
     return result

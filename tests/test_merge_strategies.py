@@ -7,6 +7,7 @@ import hashlib
 import os
 import tomllib
 import tracemalloc
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -781,3 +782,17 @@ def test_results_do_not_depend_on_the_block_size(monkeypatch: pytest.MonkeyPatch
             assert bits(run(key, base, ours, theirs, "BF16", **raw, **extra).data) == bits(
                 whole.data
             )
+
+
+@pytest.mark.parametrize("key", COMPUTING)
+def test_nan_and_inf_values_do_not_break_a_strategy(key: str) -> None:
+    # A diverged fine-tune: most of ours is NaN, some of theirs is inf.
+    base, ours, theirs = (x.reshape(-1) for x in three(41))
+    ours[: ours.size * 9 // 10] = np.nan
+    theirs[::7] = np.inf
+    raw = {"ties": {"density": "0.05"}, "dare": {"density": "0.5", "seed": "2"}}.get(key, {})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing printed on the merge's stderr
+        merged = run(key, base, ours, theirs, **raw)
+    assert merged.merged == ours.size
+    assert merged.data.shape == ours.shape

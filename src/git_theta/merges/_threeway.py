@@ -99,11 +99,14 @@ def merge(
     result = np.empty_like(o)
     counts = np.zeros(5, dtype=np.int64)  # unchanged, ours only, theirs only, same, merged
     combine = _Combiner(strategy, used, b, o, t, dtype, tensor)
-    for start in range(0, o.shape[0], BLOCK):
-        end = min(start + BLOCK, o.shape[0])
-        conflict = _assemble(b, o, t, result, start, end, counts)
-        if conflict is not None:
-            combine(result, conflict, start, end)
+    # NaN and inf are values like any other here (a diverged fine-tune): no warnings on
+    # the merge's stderr for inf - inf or 0 * inf.
+    with np.errstate(all="ignore"):
+        for start in range(0, o.shape[0], BLOCK):
+            end = min(start + BLOCK, o.shape[0])
+            conflict = _assemble(b, o, t, result, start, end, counts)
+            if conflict is not None:
+                combine(result, conflict, start, end)
     data = result.reshape(-1).view(np.uint8).view(ours.dtype).reshape(ours.shape)
     unchanged, from_ours, from_theirs, same, merged = (int(c) for c in counts)
     return TensorMerge(data, unchanged, from_ours, from_theirs, same, merged, used)

@@ -62,6 +62,8 @@ def find_cut(blocks: Blocks, side: int, density: float, scratch: list[np.ndarray
         above += int(np.count_nonzero(magnitude > cut))
         equal_per_block.append((start, int(np.count_nonzero(magnitude == cut))))
     missing = k - above  # equal magnitudes to keep, lowest indices first (>= 1)
+    if missing > sum(count for _, count in equal_per_block):  # a NaN cut: none equal
+        return Cut(float(cut), -1)
     target = 0
     for block_start, count in equal_per_block:
         target = block_start
