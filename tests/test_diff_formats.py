@@ -239,3 +239,14 @@ def test_a_corrupt_compressed_member_is_named_and_the_rest_still_diffed(repo: Pa
     assert "M b  F64 [3]  deflated  3/3 changed (100.00%)" in out
     (line,) = [x for x in out.splitlines() if x.startswith("M w")]
     assert line.startswith("M w  F32 [100000]  deflated  not compared: npz member 'w' is corrupt")
+
+
+def test_glue_view_refuses_a_read_larger_than_the_glue() -> None:
+    from git_theta.diffing import _GlueView
+    from git_theta.errors import CheckpointError
+
+    view = _GlueView(bytearray(b"PK" * 8), [(0, 0, 16)], 1 << 40)  # a 1 TB file, 16 B glue
+    assert view.read(16) == b"PK" * 8
+    view.seek(0)
+    with pytest.raises(CheckpointError, match="outside the file's non-tensor bytes"):
+        view.read(1 << 39)

@@ -89,6 +89,9 @@ def manifest_objects(manifest: Manifest) -> set[tuple[str, int]]:
     return out
 
 
+_ZIP_TAIL = 65536 + 22  # what zip_entries reads to find the directory
+
+
 class _GlueView:
     """The file a manifest describes, as a read-only file of its glue: the bytes of its
     tensors are not in hand and read as zeros (only glue is read through it)."""
@@ -105,8 +108,12 @@ class _GlueView:
         return self._pos
 
     def read(self, n: int = -1) -> bytes:
+        """Return the next ``n`` bytes. Raises CheckpointError for more than the glue and
+        a zip tail could need: a crafted directory must not make us allocate its claims."""
         start = self._pos
         end = self._size if n < 0 else min(self._size, start + n)
+        if end - start > len(self._glue) + _ZIP_TAIL:
+            raise CheckpointError("an npz member lies outside the file's non-tensor bytes")
         out = bytearray(max(0, end - start))
         i = max(0, bisect.bisect_right(self._starts, start) - 1)
         while i < len(self._pieces) and self._pieces[i][0] < end:
