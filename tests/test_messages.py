@@ -258,6 +258,8 @@ def test_no_message_shows_an_internal_command_line_or_an_exception_name() -> Non
     messages, _ = collect()
     bad = [(where, text) for where, _, text in messages if FORBIDDEN.search(text)]
     assert bad == []
+    several = [(where, text) for where, _, text in messages if "\n" in text.rstrip("\n")]
+    assert several == [], "a message is one line"
 
 
 if __name__ == "__main__":

@@ -491,3 +491,24 @@ def test_a_push_on_a_terminal_shows_upload_progress_and_q_silences_it(
     assert code == 0
     assert "Uploading LFS objects: 100% (3/3)" in shown  # git-lfs's own meter
     assert "tensor objects uploaded to origin or already there" in shown
+
+
+def test_progress_lines_for_known_and_unknown_totals(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from git_theta import progress
+
+    monkeypatch.setattr(progress, "DELAY", 0.0)
+    monkeypatch.setattr(progress, "INTERVAL", 0.0)
+    known = progress.Progress("downloading", 2_000_000, 2, show=True, unit="objects")
+    known.advance(1_000_000)
+    known.close()
+    walk = progress.Progress("looking at objects", 0, 0, show=True, unit="objects")
+    walk.advance(0)
+    walk.close()
+    err = capsys.readouterr().err
+    assert "\rgit-theta: downloading: 1/2 objects, 1.0/2.0 MB, " in err
+    assert "\rgit-theta: looking at objects: 1 objects, 0.0 MB, " in err
+    assert err.endswith(" MB/s\n")
+    monkeypatch.setenv("GIT_THETA_QUIET", "1")
+    assert not progress.enabled() and progress.quiet()

@@ -70,10 +70,12 @@ class Progress:
 
     def _print(self, now: float) -> None:
         rate = self.done_bytes / max(now - self.start, 1e-9) / 1e6
-        sys.stderr.write(
-            f"\rgit-theta: {self.label}: {self.done_items}/{self.total_items} {self.unit}, "
-            f"{self.done_bytes / 1e6:.1f}/{self.total_bytes / 1e6:.1f} MB, {rate:.0f} MB/s"
-        )
+        if self.total_items:
+            counts = f"{self.done_items}/{self.total_items} {self.unit}, "
+            counts += f"{self.done_bytes / 1e6:.1f}/{self.total_bytes / 1e6:.1f} MB"
+        else:  # a walk whose size is not known in advance (prune)
+            counts = f"{self.done_items} {self.unit}, {self.done_bytes / 1e6:.1f} MB"
+        sys.stderr.write(f"\rgit-theta: {self.label}: {counts}, {rate:.0f} MB/s")
         sys.stderr.flush()
         self._printed = True
 

@@ -105,11 +105,15 @@ def _candidates(
 ) -> tuple[list[tuple[str, bool, int]], int]:
     """Return (path, a git-theta object?, size) of each object file not in ``keep`` and
     older than ``grace`` seconds, in either directory, and how many were younger."""
+    from git_theta.progress import Progress
+
     now = time.time()
     found = []
     young = 0
+    progress = Progress("looking at objects", 0, 0, unit="objects")
     for root in (store.root, store.lfs_root):
         for oid, path in stored_files(root):
+            progress.advance(0)
             if oid in keep:
                 continue
             try:
@@ -121,6 +125,7 @@ def _candidates(
                     found.append((path, is_theta_object(fh.read(4)), st.st_size))
             except (UnsafeFileError, FileNotFoundError):
                 continue
+    progress.close()
     return found, young
 
 
