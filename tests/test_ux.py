@@ -357,14 +357,15 @@ def test_a_malformed_rules_file_degrades_status_and_fails_add(repo: Path) -> Non
     assert b" M model.safetensors\n" in status.stdout
     assert status.stderr.decode() == (
         "git-theta: warning: .theta-updates:1: expected 'TENSOR_GLOB UPDATE_TYPE', got "
-        "'layer.* sparse extra'; using auto until it is fixed (git add refuses it)\n"
+        "'layer.* sparse extra': fix that line; using auto until it is fixed (git add "
+        "refuses it)\n"
     )
     assert git(repo, "diff", check=False).returncode == 0
     add = git(repo, "add", "model.safetensors", check=False)
     assert add.returncode != 0
     assert add.stderr.decode().splitlines()[0] == (
         "git-theta: error: model.safetensors: .theta-updates:1: expected 'TENSOR_GLOB "
-        "UPDATE_TYPE', got 'layer.* sparse extra'"
+        "UPDATE_TYPE', got 'layer.* sparse extra': fix that line"
     )
 
 

@@ -40,7 +40,9 @@ def parse_rules(text: str, source: str) -> list[tuple[str, str]]:
             continue
         fields = line.split()
         if len(fields) != 2:
-            raise ThetaError(f"{source}:{number}: expected 'TENSOR_GLOB UPDATE_TYPE', got {raw!r}")
+            raise ThetaError(
+                f"{source}:{number}: expected 'TENSOR_GLOB UPDATE_TYPE', got {raw!r}: fix that line"
+            )
         rules.append((fields[0], check_type(fields[1], f"{source}:{number}")))
     return rules
 

@@ -40,7 +40,10 @@ def show(spec: str) -> int:
         )
     blob = git.blobs_starting_with([oid], PREFIX).get(oid)
     if blob is None:
-        raise ThetaError(f"{spec}: not a git-theta checkpoint")
+        raise ThetaError(
+            f"{spec}: not a git-theta checkpoint (`git theta ls-files` lists them; "
+            f"`git show {spec}` shows this file)"
+        )
     try:
         m = parse(blob)
     except ManifestError as exc:

@@ -137,7 +137,10 @@ def upload_command(remote: str, revs: list[str]) -> int:
     ``revs`` (default: the remote's tracking refs) need, whatever the remote has."""
     include = revs or git.remote_tracking_refs(remote)
     if not include:
-        raise ThetaError(f"no revision given and no refs of remote {remote!r} are known")
+        raise ThetaError(
+            f"no revision given and no refs of remote {remote!r} are known: name the "
+            f"revisions, or run `git fetch {remote}` first"
+        )
     count = upload(remote, include, [])
     summary(f"{count} tensor objects uploaded to {remote} or already there")
     return 0
@@ -160,7 +163,8 @@ def fetch(revs: list[str], everything: bool) -> int:
     if missing:
         raise ObjectMissingError(
             f"object {missing[0].oid} for {wanted[missing[0]]} could not be downloaded from "
-            f"the Git LFS remote ({len(missing)} missing)"
+            f"the Git LFS remote ({len(missing)} missing): "
+            + (repo.downloader.failure() or "was it pushed? `git theta fsck --remote NAME` says")
         )
     summary(f"downloaded {len(wanted) - already} tensor objects, {already} already present")
     return 0
@@ -248,7 +252,10 @@ def checkout(paths: list[str], force: bool = False) -> int:
         for path in targets:
             manifest = repo.staged_manifest(path)
             if manifest is None:
-                raise ThetaError(f"{path}: not a git-theta checkpoint in the index")
+                raise ThetaError(
+                    f"{path}: not a git-theta checkpoint in the index (`git theta ls-files` "
+                    "lists them)"
+                )
             dest = top / path
             if not force and not _is_placeholder(dest):
                 raise ThetaError(
