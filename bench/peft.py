@@ -98,6 +98,7 @@ def stored_case(work: Path, env: bench.Env, label: str, adapter: Path, runs: int
     """Commit v0 then v1 in a git-theta and a Git LFS repository; return a table row."""
     added: dict[str, list[int]] = {}
     seconds: list[float] = []
+    checkout: dict[str, float] = {}
     for tool in ("theta", "lfs"):
         repo = work / tool
         repo.mkdir()
@@ -122,26 +123,38 @@ def stored_case(work: Path, env: bench.Env, label: str, adapter: Path, runs: int
                 bench.run(["git", "read-tree", "HEAD~1"], repo, env)  # work tree untouched
                 seconds.append(bench.run([*add, str(adapter), FILE], repo, env).seconds)
             bench.run(["git", "read-tree", "HEAD"], repo, env)
-        if tool == "theta":  # the merged version checks out bit for bit
+        times = []
+        for _ in range(runs):  # the merged version checks out bit for bit
             (repo / FILE).unlink()
-            bench.run(["git", "checkout", "--", FILE], repo, env)
+            times.append(bench.run(["git", "checkout", "--", FILE], repo, env).seconds)
             if bench.sha256(repo / FILE) != bench.sha256(work / "v1" / FILE):
                 raise bench.BenchError(f"{label}: the checkout differs from the merged file")
+        checkout[tool] = statistics.median(times)
+        factors = next(adapter.glob("adapter_model.*"))
+        if factors.suffix == ".safetensors":  # the adapter committed beside the merge
+            before = bench.stored_bytes(repo)
+            (repo / factors.name).write_bytes(factors.read_bytes())
+            bench.run(["git", "add", "-A"], repo, env)
+            bench.run(["git", "commit", "-q", "-m", "adapter"], repo, env)
+            added[tool].append(bench.stored_bytes(repo) - before)
     factors = next(adapter.glob("adapter_model.*"))
     size = factors.stat().st_size
     raw = (work / "v1" / FILE).stat().st_size
     theta, lfs = added["theta"], added["lfs"]
+    also = f"{theta[2]:,} B / {lfs[2]:,} B" if len(theta) > 2 else "-"
+    mb = bench.MB
     return [
-        label, f"{raw / bench.MB:.2f} MB", f"{theta[0] / bench.MB:.2f} MB",
-        f"{lfs[0] / bench.MB:.2f} MB", f"{theta[1]:,} B", f"{lfs[1]:,} B",
-        f"{size:,} B ({factors.suffix})", f"{theta[1] / size:.2f}x",
-        f"{statistics.median(seconds):.2f} s",
+        label, f"{raw / mb:.2f} MB", f"{theta[0] / mb:.2f} / {lfs[0] / mb:.2f} MB",
+        f"{theta[1]:,} B", f"{lfs[1]:,} B", f"{size:,} B ({factors.suffix})",
+        f"**{theta[1] / size:.2f}x**", also, f"{statistics.median(seconds):.2f} s",
+        f"{checkout['theta']:.2f} / {checkout['lfs']:.2f} s",
     ]  # fmt: skip
 
 
 HEAD = [
-    "case", "model", "v0 theta", "v0 LFS", "v1 (merged) theta", "v1 LFS",
-    "factors file", "v1 theta / factors", "add v1 (median)",
+    "case", "model", "v0 theta / LFS", "v1 (merged) theta", "v1 LFS", "factors file",
+    "v1 theta / factors", "adapter committed too: theta / LFS", "add v1 (median)",
+    "checkout v1 theta / LFS (median)",
 ]  # fmt: skip
 
 

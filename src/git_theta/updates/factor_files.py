@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import mmap
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from git_theta.errors import ThetaError, UsageError
@@ -38,8 +39,12 @@ def resolve(path: str) -> str:
     return path
 
 
-def read_tensors(path: str) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
-    """Return every tensor of the file ``path`` as name -> (dtype, shape, bytes).
+def read_tensors(
+    path: str, wanted: Callable[[str], bool] = lambda _name: True
+) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
+    """Return the tensors of the file ``path`` whose names are ``wanted``, as name ->
+    (dtype, shape, bytes); only those are copied out of the file (a whole model given by
+    mistake costs its header, not its size).
 
     Raises UsageError naming the file and the cause when it is not a file git-theta
     reads (or is corrupt).
@@ -82,6 +87,6 @@ def read_tensors(path: str) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
                 f"--update-path {path}: no uncompressed arrays in it (members written by "
                 "np.savez_compressed are not read); save the factors with np.savez"
             )
-        return {s.name: (s.dtype, s.shape, data[s.start : s.end]) for s in spans}
+        return {s.name: (s.dtype, s.shape, data[s.start : s.end]) for s in spans if wanted(s.name)}
     finally:
         data.close()

@@ -649,8 +649,13 @@ def load_factors(path: str) -> Found:
     from git_theta.updates.peft_adapter import Found, read_adapter, read_config
 
     where = resolve(path)
+
+    def wanted(name: str) -> bool:
+        return name.endswith(("/R", "/C", "/ia3")) or ".lora_" in name or ".ia3_l" in name
+
     tensors = {
-        name: Factor(dtype, shape, raw) for name, (dtype, shape, raw) in read_tensors(where).items()
+        name: Factor(dtype, shape, raw)
+        for name, (dtype, shape, raw) in read_tensors(where, wanted).items()
     }
     found = Found()
     for key, factor in tensors.items():
