@@ -337,6 +337,13 @@ def test_status_and_diff_degrade_without_h5py_and_add_refuses(repo: Path, tmp_pa
     assert status.stderr.decode() == warning  # once for both files
     diff = git(repo, "diff", "--stat", check=False)
     assert diff.returncode == 0 and b"a.h5" in diff.stdout
+    git(repo, "config", "--local", "diff.theta.command", f"{broken} diff-driver")
+    diff = git(repo, "diff", check=False)  # the diff driver reads the work-tree file
+    assert diff.returncode == 0, diff.stderr
+    assert (
+        b"a.h5: not shown: reading an HDF5 file needs h5py, which is not installed: pip "
+        b"install h5py (checking out does not need it)\n"
+    ) in diff.stdout
     add = git(repo, "add", "a.h5", check=False)
     assert add.returncode != 0
     assert add.stderr.decode().splitlines()[0] == (

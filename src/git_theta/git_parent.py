@@ -12,6 +12,9 @@ from __future__ import annotations
 import os
 
 git_pid: int | None = None  # the git command we serve, when it is not an ancestor (forkserver)
+# Set by the clean filter while it serves git: only there may a file be stored another way
+# (a diff driver reading the same file must not describe it as something else).
+in_clean_filter = False
 _MAX_HOPS = 6  # git -> sh -> git-theta's script -> python: a few levels at most
 
 # git commands that run the clean filter only to compare a file with the index: nothing
@@ -74,8 +77,10 @@ def git_is_quiet() -> bool:
 
 
 def git_only_looks() -> bool:
-    """True when the git command that started us only compares files (status, diff,
-    checkout...); False when it may store what we return (add, commit, stash...) or when
-    no git started us."""
+    """True in the clean filter when the git command that started us only compares files
+    (status, diff, checkout...); False when it may store what we return (add, commit,
+    stash...), when no git started us, or outside the clean filter."""
+    if not in_clean_filter:
+        return False
     argv = nearest_git_argv()
     return argv is not None and subcommand(argv) in LOOKING

@@ -22,7 +22,7 @@ from git_theta.diffing import (
     manifest_objects,
 )
 from git_theta.display import escape
-from git_theta.errors import ObjectCorruptError, ObjectMissingError, UsageError
+from git_theta.errors import LocalSetupError, ObjectCorruptError, ObjectMissingError, UsageError
 from git_theta.files import open_regular
 from git_theta.history import manifests_at, manifests_in_index
 from git_theta.manifest import PREFIX, Manifest, is_manifest, parse
@@ -366,9 +366,14 @@ def diff_driver(args: list[str]) -> int:
         return 0
     path, old_file, old_hex, _, new_file, new_hex, _ = args[:7]
     store = Repo().store
-    report = compare(
-        path, _driver_side(old_file, old_hex, store), _driver_side(new_file, new_hex, store)
-    )
+    try:
+        report = compare(
+            path, _driver_side(old_file, old_hex, store), _driver_side(new_file, new_hex, store)
+        )
+    except LocalSetupError as exc:  # h5py missing: git diff still shows everything else
+        for line in (f"diff --theta a/{path} b/{path}", f"{path}: not shown: {exc}"):
+            sys.stdout.write(escape(line) + "\n")
+        return 0
     sys.stdout.write(render_text(report, stat=False, colour=_use_colour()))
     sys.stdout.flush()
     return 0

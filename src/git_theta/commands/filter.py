@@ -24,9 +24,11 @@ def _handlers(repo: Repo) -> dict[str, Handler]:
     policies: list[Callable[[str], UpdateType]] = []
 
     def do_clean(source: Source, sink: Sink, path: str) -> None:
+        from git_theta import git_parent
         from git_theta.clean import clean
         from git_theta.update_rules import load_policy
 
+        git_parent.in_clean_filter = True  # see git_parent.git_only_looks
         if not policies:  # read once per process, and only when something is added
             policies.append(load_policy(os.getcwd()))
         previous = repo.staged_manifest(path)
