@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 from collections.abc import Callable, Iterator
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -377,3 +378,38 @@ def test_new_payload_keys_are_checked() -> None:
         assert old in payload
         with pytest.raises(ObjectCorruptError, match="header is malformed"):
             plugin.apply(bytearray(prev.tobytes()), payload.replace(old, bad), "F32")
+
+
+def _nearest_f32(exact: Fraction) -> np.float32:
+    """``exact`` rounded to float32, to nearest, ties to even (the reference)."""
+    guess = np.float32(float(exact))
+    best = None
+    for cand in (np.nextafter(guess, np.float32(-np.inf)), guess, np.nextafter(guess, np.inf)):
+        cand = np.float32(cand)
+        distance = abs(Fraction(float(cand)) - exact)
+        even = int(np.array(cand).view(np.uint32)) % 2 == 0
+        key = (distance, not even)
+        if best is None or key < best[0]:
+            best = (key, cand)
+    assert best is not None
+    return best[1]
+
+
+def test_fused_multiply_add_rounds_once() -> None:
+    """The 'steps' rounding's float32 FMA: exact where float64 alone would round twice
+    (a sum just off a float32 tie), and on random sums, against exact rationals."""
+    from git_theta.updates.factored import _round32
+
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal(200).astype(np.float32)
+    tie = (x.astype(np.float64) + np.nextafter(x, np.float32(np.inf)).astype(np.float64)) / 2
+    tiny = np.float32(1e-30) * np.where(rng.random(200) < 0.5, 1, -1).astype(np.float32)
+    a = np.concatenate([tie, rng.standard_normal(300) * 1e-3, np.full(4, 1e-42)])
+    b = np.concatenate([tiny, rng.standard_normal(300).astype(np.float32), np.zeros(4)])
+    b = b.astype(np.float32).astype(np.float64)
+    got = _round32(a, b)
+    exact = [Fraction(float(p)) + Fraction(float(q)) for p, q in zip(a, b, strict=True)]
+    want = [_nearest_f32(value) for value in exact]
+    assert np.array_equal(got.astype(np.float32), np.array(want, np.float32))
+    naive = (a + b).astype(np.float32)  # double rounding: wrong on about half the ties
+    assert np.count_nonzero(naive[:200] != got[:200].astype(np.float32)) > 50

@@ -207,20 +207,29 @@ def reproduce(prev: Buffer, dtype: str, shape: tuple[int, ...], inputs: Inputs) 
 
 def _round32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``a + b`` rounded once to float32 (as float64 values), for float64 ``a`` exact
-    products of float32 values and float32 ``b``: a fused multiply-add. The float64 sum
-    may itself be rounded; its exact error (TwoSum) settles the float32 ties that
-    double rounding would get wrong."""
+    products of float32 values and float32 ``b``: a fused multiply-add.
+
+    The float64 sum may itself be rounded, and rounding it again to float32 is wrong only
+    where it landed exactly on a float32 tie (its low 29 bits are 1 followed by zeros) or
+    where float32 is subnormal; for those few elements the sum's exact error (TwoSum)
+    settles the tie."""
     import numpy as np
 
     s = a + b
-    bb = s - a
-    err = (a - (s - bb)) + (b - bb)
     t = s.astype(np.float32)
-    up = np.nextafter(t, np.float32(np.inf))
-    down = np.nextafter(t, np.float32(-np.inf))
-    t64 = t.astype(np.float64)
-    t = np.where((s == (t64 + up) / 2) & (err > 0), up, t)
-    t = np.where((s == (t64 + down) / 2) & (err < 0), down, t)
+    low = s.view(np.uint64) & np.uint64((1 << 29) - 1)
+    suspect = np.flatnonzero((low == np.uint64(1 << 28)) | (np.abs(s) < 2.0**-125))
+    if suspect.size:
+        sa, sb, ss = a.reshape(-1)[suspect], b.reshape(-1)[suspect], s.reshape(-1)[suspect]
+        bb = ss - sa
+        err = (sa - (ss - bb)) + (sb - bb)
+        near = t.reshape(-1)[suspect]
+        up = np.nextafter(near, np.float32(np.inf))
+        down = np.nextafter(near, np.float32(-np.inf))
+        mid = near.astype(np.float64)
+        near = np.where((ss == (mid + up) / 2) & (err > 0), up, near)
+        near = np.where((ss == (mid + down) / 2) & (err < 0), down, near)
+        t.reshape(-1)[suspect] = near
     out: np.ndarray = t.astype(np.float64)
     return out
 
