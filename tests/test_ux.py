@@ -245,6 +245,31 @@ def test_a_git_failure_survives_copy_and_pickle() -> None:
     assert str(exc) == "tensor 'w': git ls-tree failed: bad tree"
 
 
+def test_every_theta_error_survives_copy_and_pickle() -> None:
+    """Whatever its __init__ takes, each ThetaError subclass (imported from every module
+    of the package) comes back from copy and pickle as itself, message and fields kept."""
+    import importlib
+    import pkgutil
+
+    import git_theta
+    from git_theta.errors import ThetaError
+
+    for info in pkgutil.walk_packages(git_theta.__path__, "git_theta."):
+        if not info.name.endswith(("__main__", "hdf5_layout")):
+            importlib.import_module(info.name)
+    seen: list[type[ThetaError]] = [ThetaError]
+    for cls in seen:
+        seen.extend(c for c in cls.__subclasses__() if c not in seen)
+    assert len(seen) > 25
+    for cls in seen:
+        exc = cls.__new__(cls)
+        exc.args = (f"{cls.__name__}: one line",)
+        exc.detail = 7  # type: ignore[attr-defined]
+        for again in (copy.copy(exc), pickle.loads(pickle.dumps(exc))):
+            assert type(again) is cls
+            assert (str(again), again.detail) == (str(exc), 7)  # type: ignore[attr-defined]
+
+
 def test_no_exception_is_rebuilt_from_its_type() -> None:
     """`raise type(exc)(message)` turns a CommandError into a TypeError: add a note or
     set exc.args instead (a scan, so no future path can bring it back)."""

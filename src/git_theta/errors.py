@@ -8,10 +8,24 @@ using the library API can catch them the usual way.
 from __future__ import annotations
 
 
+def _rebuilt(cls: type[ThetaError], args: tuple[object, ...], state: dict[str, object]) -> object:
+    """Return a ``cls`` with ``args`` and attributes ``state``, its __init__ not called."""
+    exc = cls.__new__(cls)
+    exc.args = args
+    exc.__dict__.update(state)
+    return exc
+
+
 class ThetaError(Exception):
     """A failure we expected and can explain in one line."""
 
     exit_code = 1
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # copy and pickle (an error crossing from a worker) rebuild an exception by calling
+        # its class with its args: a subclass whose __init__ takes other arguments (the
+        # command, its exit code...) would turn into a TypeError. Rebuilt as it is instead.
+        return _rebuilt, (type(self), self.args, dict(self.__dict__))
 
 
 class UsageError(ThetaError, ValueError):
@@ -78,15 +92,6 @@ class CommandError(ThetaError, RuntimeError):
         detail = stderr.decode(errors="replace").strip().splitlines()
         last = detail[-1].removeprefix("fatal: ") if detail else f"exit code {returncode}"
         super().__init__(f"{_program(argv)} failed: {last}")
-
-    def __reduce__(self) -> tuple[type[CommandError], tuple[object, ...], dict[str, object]]:
-        # copy, pickle (a worker's error crossing to the parent) rebuild the exception
-        # from its fields, not from args (the one-line message): otherwise a TypeError.
-        return (
-            type(self),
-            (self.argv, self.returncode, self.stdout, self.stderr),
-            {"args": self.args},
-        )
 
 
 NOT_A_REPOSITORY = (
