@@ -89,6 +89,10 @@ def test_a_sharded_save_pretrained_layout(repo: Path, monkeypatch: pytest.Monkey
     for step in (1, 2):
         directory = repo / "run" / f"checkpoint-{step}"
         model.save_pretrained(directory, max_shard_size="100KB")  # type: ignore[attr-defined]
+        if step == 2:  # rotated away, as save_total_limit=1 does
+            for f in (repo / "run" / "checkpoint-1").iterdir():
+                f.unlink()
+            (repo / "run" / "checkpoint-1").rmdir()
         callback.commit_checkpoint(directory, step, log_history=[{"loss": 1.5, "step": step}])
         with torch.no_grad():
             model.transformer.h[0].mlp.c_fc.weight[0, :4] += 1  # type: ignore[attr-defined]
@@ -97,6 +101,9 @@ def test_a_sharded_save_pretrained_layout(repo: Path, monkeypatch: pytest.Monkey
     assert git(repo, "tag").stdout.decode().split() == ["step-1", "step-2"]
     assert "loss=1.5" in git(repo, "log", "-1", "--format=%s").stdout.decode()
     assert git(repo, "status", "--porcelain").stdout == b""
+    tip = git(repo, "ls-tree", "--name-only", "HEAD", "run/").stdout.decode().split()
+    assert tip == ["run/checkpoint-2"]
+    assert git(repo, "ls-tree", "step-1", "run/checkpoint-1/config.json").stdout
     changed = "transformer.h.0.mlp.c_fc.weight"
     updates = []
     for shard in shards:

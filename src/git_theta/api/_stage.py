@@ -134,10 +134,12 @@ def install_hooks_quietly(top: str) -> None:
 
 
 def commit(top: str, message: str) -> str:
-    """``git commit -m message`` (the whole index, hooks run); return the new commit id."""
+    """``git commit -m message`` (the whole index, hooks run); return the new commit id.
+    A save of unchanged weights still makes its commit (``--allow-empty``), as the
+    predecessor's save_to_git did: one commit per save, always."""
     from git_theta.proc import run
 
-    done = run("git", "commit", "-q", "-m", message, check=False, cwd=top)
+    done = run("git", "commit", "-q", "--allow-empty", "-m", message, check=False, cwd=top)
     if done.returncode != 0:
         why = (done.stderr or done.stdout).decode(errors="replace").strip().splitlines()
         raise ThetaError(f"git commit failed: {why[-1] if why else 'no output'}")

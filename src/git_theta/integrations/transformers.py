@@ -95,11 +95,16 @@ class GitThetaCallback(TrainerCallback):
             staged.append(self._stage_weights(where))
         if staged:
             self._previous = _merged(staged)
-        if others:
-            from git_theta.proc import run
+        from git_theta.proc import run
 
+        if others:
             rel = [os.path.relpath(os.path.join(directory, n), first.top) for n in others]
             run("git", "add", "--", *rel, cwd=first.top)
+        # Checkpoints the Trainer rotated away (save_total_limit) leave the tip's tree; the
+        # commits that saved them keep them.
+        gone = _removed(first.top, os.path.relpath(os.path.dirname(directory), first.top))
+        if gone:
+            run("git", "rm", "-q", "--cached", "--", *gone, cwd=first.top)
         metrics = _metrics(log_history, step)
         text = self.message.format(step=step, epoch=epoch, metrics=metrics or "no metrics yet")
         commit = _stage.commit(first.top, text)
@@ -153,6 +158,14 @@ class GitThetaCallback(TrainerCallback):
             theta.close()
         _stage.refresh(where)
         return parse(data)
+
+
+def _removed(top: str, parent: str) -> list[str]:
+    """Staged paths under ``parent`` whose files are gone from the work tree."""
+    from git_theta import git
+
+    out = git.git("ls-files", "-z", "--deleted", "--", parent, cwd=top)
+    return [os.fsdecode(p) for p in out.split(b"\0") if p]
 
 
 def _merged(manifests: list[Manifest]) -> Manifest:
