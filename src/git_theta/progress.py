@@ -70,12 +70,15 @@ class Progress:
 
     def _print(self, now: float) -> None:
         rate = self.done_bytes / max(now - self.start, 1e-9) / 1e6
-        if self.total_items:
+        if not self.total_items:  # a walk whose size is not known in advance (prune)
+            counts = f"{self.done_items} {self.unit}, {self.done_bytes / 1e6:.1f} MB"
+        elif not self.total_bytes:  # counted, not weighed (files compared)
+            counts = f"{self.done_items}/{self.total_items} {self.unit}"
+        else:
             counts = f"{self.done_items}/{self.total_items} {self.unit}, "
             counts += f"{self.done_bytes / 1e6:.1f}/{self.total_bytes / 1e6:.1f} MB"
-        else:  # a walk whose size is not known in advance (prune)
-            counts = f"{self.done_items} {self.unit}, {self.done_bytes / 1e6:.1f} MB"
-        sys.stderr.write(f"\rgit-theta: {self.label}: {counts}, {rate:.0f} MB/s")
+        speed = f", {rate:.0f} MB/s" if self.total_bytes or not self.total_items else ""
+        sys.stderr.write(f"\rgit-theta: {self.label}: {counts}{speed}")
         sys.stderr.flush()
         self._printed = True
 

@@ -323,7 +323,11 @@ def diff(
     # "Stored for the change": objects no file of the old version references (a tensor
     # that moved to another shard costs nothing), each counted in the first file using it.
     counted = set().union(*(manifest_objects(m) for m in old_m.values()))
+    from git_theta.progress import Progress
+
+    progress = Progress("comparing", 0, len(names), unit="files")  # decoding takes a while
     for path in names:
+        progress.advance(0)
         old = side(old_m, old_rev, path)
         new_objects: set[tuple[str, int]] | None = None
         if new_m is not None:
@@ -337,6 +341,7 @@ def diff(
         counted = counted | (new_objects or set())
         if report.tensors or as_json:
             reports.append(report)
+    progress.close()
     if as_json:
         sys.stdout.write(render_json(reports))
     else:
