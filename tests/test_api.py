@@ -112,6 +112,17 @@ def test_jax_arrays_save(repo: Path) -> None:
         assert np.array_equal(np.asarray(ckpt.get("w", "jax")), np.asarray(params["w"]))
 
 
+def test_every_save_with_a_message_commits_even_unchanged_weights(repo: Path) -> None:
+    first = git_theta.save(state(0), "model.safetensors", message="a")
+    second = git_theta.save(state(0), "model.safetensors", message="b", tag="b")
+    assert first.commit != second.commit and first.blob == second.blob
+    assert git(repo, "rev-parse", "b").stdout.decode().strip() == second.commit
+    with pytest.raises(UsageError, match="tag 'b' already exists"):
+        git_theta.save(state(1), "model.safetensors", message="c", tag="b")
+    assert git(repo, "log", "-1", "--format=%s").stdout == b"b\n"  # nothing committed
+    assert git(repo, "status", "--porcelain").stdout == b" D model.safetensors\n"  # nor staged
+
+
 def test_save_refuses_untracked_paths_and_missing_set_up(repo: Path) -> None:
     with pytest.raises(UsageError) as exc:
         git_theta.save(state(0), "model.npz")

@@ -146,6 +146,18 @@ def commit(top: str, message: str) -> str:
     return git.git("rev-parse", "HEAD", cwd=top).decode().strip()
 
 
+def check_tag(top: str, name: str) -> None:
+    """Raise UsageError, before anything is staged or committed, when ``name`` is not a
+    valid tag name or the tag exists."""
+    from git_theta.proc import run
+
+    if run("git", "check-ref-format", f"refs/tags/{name}", check=False).returncode != 0:
+        raise UsageError(f"tag {name!r} is not a valid tag name")
+    done = run("git", "rev-parse", "-q", "--verify", f"refs/tags/{name}", check=False, cwd=top)
+    if done.returncode == 0:
+        raise UsageError(f"tag {name!r} already exists; pick another name (tags are not moved)")
+
+
 def tag(top: str, name: str, commit_id: str) -> None:
     """Create the lightweight tag ``name`` at ``commit_id``; raises UsageError when it
     exists (a tag is never moved silently)."""

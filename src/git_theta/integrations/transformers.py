@@ -89,6 +89,9 @@ class GitThetaCallback(TrainerCallback):
             raise UsageError(f"{directory}: no weights ({', '.join(self.track)}) to commit")
         first = _stage.Where(self.repo or directory, os.path.join(directory, weights[0]))
         self._ensure_tracked(first)
+        tag = None if self.tag is None else self.tag.format(step=step, epoch=epoch)
+        if tag is not None:
+            _stage.check_tag(first.top, tag)  # before anything is staged
         staged: list[Manifest] = []
         for name in weights:
             where = _stage.Where(first.top, os.path.join(directory, name))
@@ -108,8 +111,8 @@ class GitThetaCallback(TrainerCallback):
         metrics = _metrics(log_history, step)
         text = self.message.format(step=step, epoch=epoch, metrics=metrics or "no metrics yet")
         commit = _stage.commit(first.top, text)
-        if self.tag is not None:
-            _stage.tag(first.top, self.tag.format(step=step, epoch=epoch), commit)
+        if tag is not None:
+            _stage.tag(first.top, tag, commit)
         self.commits.append(commit)
         return commit
 
