@@ -413,3 +413,35 @@ def test_fused_multiply_add_rounds_once() -> None:
     assert np.array_equal(got.astype(np.float32), np.array(want, np.float32))
     naive = (a + b).astype(np.float32)  # double rounding: wrong on about half the ties
     assert np.count_nonzero(naive[:200] != got[:200].astype(np.float32)) > 50
+
+
+def test_side_load_api_applies_predecessor_shapes(tmp_path: Path) -> None:
+    """What --update-data calls: ia3 vectors keep their dimensions ((1, n) scales the
+    columns even of a square tensor; (out, 1, 1, 1) a conv kernel's filters), stacked
+    low-rank factors change each matrix of a stack; names match across a prefix."""
+    from git_theta.updates.factored import candidates_for
+
+    rng = np.random.default_rng(5)
+    square = rng.standard_normal((4, 4)).astype(np.float32)
+    kernel = rng.standard_normal((3, 2, 2, 2)).astype(np.float32)
+    stack = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    cols = (1 + rng.standard_normal((1, 4))).astype(np.float32)
+    filters = (1 + rng.standard_normal((3, 1, 1, 1))).astype(np.float32)
+    r = rng.standard_normal((2, 3, 1)).astype(np.float32)
+    c = rng.standard_normal((2, 1, 4)).astype(np.float32)
+    path = tmp_path / "update.safetensors"
+    path.write_bytes(
+        st_from_arrays({"model.sq/ia3": cols, "conv/ia3": filters, "stack/R": r, "stack/C": c})
+    )
+    found = load_factors(str(path))
+    for name, prev, want in (
+        ("sq", square, square * cols),
+        ("conv", kernel, kernel * filters),
+        ("stack", stack, stack + r @ c),
+    ):
+        _, options = candidates_for(found.candidates, name)
+        assert options, name
+        got = apply_update(prev.tobytes(), "F32", prev.shape, options)
+        assert np.array_equal(np.frombuffer(got, np.float32), want.reshape(-1)), name
+    assert candidates_for(found.candidates, "sq")[0] == "model.sq/ia3"[: -len("/ia3")]
+    assert candidates_for(found.candidates, "missing") == ("missing", [])

@@ -366,17 +366,7 @@ class Factored(UpdateType):
         return type(self)(inputs, found.refused)
 
     def _find(self, name: str) -> tuple[str, list[Inputs]]:
-        """(the key the factors are filed under, the candidates) for tensor ``name``."""
-        found = self.inputs.get(name)
-        key = name
-        if found is None:
-            for other, value in self.inputs.items():  # adapters often add or drop a prefix
-                if other.endswith("." + name) or name.endswith("." + other):
-                    key, found = other, value
-                    break
-        if found is None:
-            return name, []
-        return key, [found] if isinstance(found, Inputs) else list(found)
+        return candidates_for(self.inputs, name)
 
     def encode(self, new: Buffer, prev: Buffer | None, dtype: str) -> list[bytes] | None:
         return None  # needs the tensor's name: see pick
@@ -474,6 +464,24 @@ class Factored(UpdateType):
         return _unzigzag(np.frombuffer(correction, dtype=_UNSIGNED[size]), guess, size)
 
 
+def candidates_for(
+    inputs: Mapping[str, Inputs | Sequence[Inputs]], name: str
+) -> tuple[str, list[Inputs]]:
+    """(the key the factors are filed under, the candidates) for the tensor ``name`` in
+    ``inputs`` (as ``load_factors(path).candidates``): its own entry, else one whose name
+    adds or drops a dotted prefix (adapters often do); ``(name, [])`` when none."""
+    found = inputs.get(name)
+    key = name
+    if found is None:
+        for other, value in inputs.items():
+            if other.endswith("." + name) or name.endswith("." + other):
+                key, found = other, value
+                break
+    if found is None:
+        return name, []
+    return key, [found] if isinstance(found, Inputs) else list(found)
+
+
 def best_fit(
     new: Buffer, prev: Buffer, dtype: str, shape: tuple[int, ...], candidates: Sequence[Inputs]
 ) -> tuple[Inputs, bytes] | None:
@@ -508,8 +516,14 @@ def apply_update(
     side-loaded updates, ``--update-data``). It is computed as torch computes a merge
     (rounding "steps", see ``ROUNDINGS``), so a later add of the result with the same
     factors stores them with an empty correction; F64 tensors use the first definition.
-    ``candidates`` are an ``Inputs`` or what ``load_factors(path).candidates[name]``
-    holds (the first that fits is used: the order peft's settings give).
+    ``candidates`` are an ``Inputs`` or a list of them (the first that fits is used: the
+    order peft's settings give), e.g. for a side-loaded update file::
+
+        found = load_factors(path)                  # any format, or a PEFT directory
+        _, options = candidates_for(found.candidates, name)
+        options = [o for o in options if o.kind == "low-rank"]  # or "ia3"
+        if options: new = apply_update(prev, dtype, shape, options)
+        # found.refused[name] says why a tensor's factors are not usable (DoRA)
 
     Raises UsageError when none fits the tensor.
     """
@@ -673,7 +687,9 @@ def load_factors(path: str) -> Found:
                 Inputs("low-rank", (factor, tensors[key[:-2] + "/C"]))
             )
         elif key.endswith("/ia3"):
-            vector = Inputs("ia3", (factor,), broadcast=len(factor.shape) > 2)
+            # A vector with its dimensions (the predecessor kept them: (out, 1), (1, in),
+            # (out, 1, 1, 1)) broadcasts by its shape; a flat one scales rows or columns.
+            vector = Inputs("ia3", (factor,), broadcast=len(factor.shape) >= 2)
             found.candidates.setdefault(key[:-4], []).append(vector)
     if any(".lora_" in k or ".ia3_l" in k for k in tensors):
         read_adapter(tensors, read_config(where), found)
