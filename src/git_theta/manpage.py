@@ -58,7 +58,8 @@ def render() -> str:
         ".TP",
         ".B \\-q, \\-\\-quiet",
         _roff(
-            "No progress lines. Also: GIT_THETA_QUIET=1, git's own -q, or stderr not a terminal."
+            "No progress or summary lines, as GIT_THETA_QUIET=1 or git's own -q (progress is "
+            "also off when stderr is not a terminal)."
         ),
         ".SH ENVIRONMENT",
         ".TP",
@@ -69,7 +70,7 @@ def render() -> str:
         _roff("Clone and check out without downloading weights; see git theta checkout."),
         ".TP",
         ".B GIT_THETA_QUIET",
-        _roff("No progress lines."),
+        _roff("No progress or summary lines (see -q)."),
         ".SH FILES",
         ".TP",
         ".B .theta\\-updates",

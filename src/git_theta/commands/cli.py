@@ -37,7 +37,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"git-theta {__version__}")
     parser.add_argument(
-        "-q", "--quiet", action="store_true", help="no progress lines (as GIT_THETA_QUIET=1)"
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no progress or summary lines (as GIT_THETA_QUIET=1)",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

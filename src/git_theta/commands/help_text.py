@@ -171,5 +171,5 @@ def describe(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                 "--quiet",
                 action="store_true",
                 default=argparse.SUPPRESS,
-                help="no progress lines (as GIT_THETA_QUIET=1)",
+                help="no progress or summary lines (as GIT_THETA_QUIET=1)",
             )
