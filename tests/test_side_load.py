@@ -185,7 +185,40 @@ def test_a_changed_file_is_added_as_it_is(repo: Path, capsys: pytest.CaptureFixt
               str(repo / "u.safetensors"))  # fmt: skip
     args = ["add", "model.safetensors", "--update-type", "sparse", "--update-data"]
     assert main([*args, "u.safetensors"]) == 0
-    assert "changed since it was staged, so it is added as it is" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "to 0 tensors; 1 it names changed in the file since it was staged" in err
     assert sha256(repo / "model.safetensors") == changed
     git(repo, "commit", "-q", "-m", "v2")
     status_clean(repo)
+
+
+def test_predecessor_low_rank_end_to_end(repo: Path) -> None:
+    """tests/end2end/low-rank of the predecessor: the 1-D tensors change in the file, the
+    2-D ones get their factors from FILE; each tensor ends as the predecessor defined."""
+    from git_theta.updates.factored import Factor, Inputs, apply_update
+
+    track(repo, "*.pt")
+    g = torch.Generator().manual_seed(0)
+    first = {"fc.weight": torch.randn(64, 48, generator=g), "fc.bias": torch.randn(48, generator=g)}
+    torch.save(first, repo / "model.pt")
+    git(repo, "add", "model.pt")
+    git(repo, "commit", "-q", "-m", "first")
+    bias = first["fc.bias"] + 1
+    torch.save({"fc.weight": first["fc.weight"], "fc.bias": bias}, repo / "model.pt")
+    r, c = torch.randn(64, 2, generator=g), torch.randn(2, 48, generator=g)
+    torch.save({"fc.weight/R": r, "fc.weight/C": c}, repo / "low-rank-data.pt")
+    args = ["add", "model.pt", "--update-type", "low-rank", "--update-data", "low-rank-data.pt"]
+    assert main(args) == 0
+    git(repo, "commit", "-q", "-m", "low-rank")
+    status_clean(repo)
+    loaded = torch.load(repo / "model.pt", weights_only=True)
+    assert torch.equal(loaded["fc.bias"], bias)
+    factors = tuple(Factor("F32", tuple(t.shape), t.numpy().tobytes()) for t in (r, c))
+    w = first["fc.weight"].numpy()
+    want = apply_update(w.tobytes(), "F32", w.shape, Inputs("low-rank", factors))
+    assert loaded["fc.weight"].numpy().tobytes() == want
+    assert torch.allclose(loaded["fc.weight"], first["fc.weight"] + r @ c, atol=1e-5)
+    git(repo, "checkout", "-q", "HEAD~1")
+    assert torch.equal(
+        torch.load(repo / "model.pt", weights_only=True)["fc.bias"], first["fc.bias"]
+    )

@@ -1,15 +1,16 @@
 """Side-loaded updates: ``git theta add PATH --update-type sparse|low-rank|ia3
 --update-data FILE`` (or ``GIT_THETA_UPDATE_DATA_PATH=FILE``), as the predecessor had them.
 
-When PATH is unchanged since it was staged, FILE says what to add to it: the committed
-value of each tensor it names is the staged value plus the update (sparse: the
-predecessor's ``T/data``, ``T/indices``, ``T/indptr``, ``T/shape``, a 1 x N CSR matrix;
-low-rank: ``T/R``, ``T/C``; ia3: ``T/ia3``), and PATH is rewritten to exactly that, so
-``git status`` is clean. The new version is staged first (cleaned in this process, the
-manifest put in the index), then PATH is replaced in one rename: a failure before that
-changes nothing. When PATH was changed since it was staged, it is added as it is, as
-``--update-path`` does (for low-rank and ia3 the factors are how its changes are
-stored). Errors name the file that is wrong: FILE, or PATH.
+FILE says what to add to the staged version of PATH: the committed value of each tensor
+it names is the staged value plus the update (sparse: the predecessor's ``T/data``,
+``T/indices``, ``T/indptr``, ``T/shape``, a 1 x N CSR matrix; low-rank: ``T/R``, ``T/C``;
+ia3: ``T/ia3``; any format git-theta reads), and PATH is rewritten to exactly that, so
+``git status`` is clean. This holds per tensor, as the predecessor had it: a named tensor
+that PATH changed since it was staged keeps PATH's value (for low-rank and ia3 the factors
+are then how it is stored, as with ``--update-path``), and so does every tensor FILE does
+not name. The new version is staged first (cleaned in this process, the manifest put in
+the index), then PATH is replaced in one rename: a failure before that changes nothing.
+Errors name the file that is wrong: FILE, or PATH.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from git_theta.errors import CheckpointError, ThetaError, UsageError
 if TYPE_CHECKING:
     from git_theta.api._stage import Where
     from git_theta.formats.base import TensorSpan
+    from git_theta.manifest import Manifest
     from git_theta.repo import Repo
     from git_theta.updates.base import UpdateType
 
@@ -354,8 +356,10 @@ def add_with_update_data(paths: list[str], update_type: str | None, data_path: s
 
 
 def _add_one(repo: Repo, where: Where, shown: str, update_type: str, data_path: str) -> None:
-    from git_theta.smudge import file_matches
-
+    """Apply the update to each tensor it names that is unchanged since it was staged;
+    a named tensor the file changed keeps the file's value (stored as ``--update-path``
+    stores it for low-rank and ia3, as a sparse change for sparse). Stage, then rewrite
+    the file when anything was applied."""
     previous = repo.staged_manifest(where.path)
     if previous is None:
         raise UsageError(
@@ -364,44 +368,17 @@ def _add_one(repo: Repo, where: Where, shown: str, update_type: str, data_path: 
         )
     if not os.path.isfile(where.full):
         raise UsageError(f"{shown}: no such file in the work tree (`git checkout -- {shown}`)")
-    if not file_matches(where.full, previous, repo.store):
-        _add_as_it_is(where, shown, update_type, data_path)
-        return
     spans = _file_spans(where.full)
-    by_name = {s.name: s for s in spans}
-    new: dict[str, Callable[[], bytes]] = {}
-    update_for: Callable[[str], UpdateType]
-    from git_theta.updates import UPDATES
-
-    if update_type == "sparse":
-        plugin = UPDATES.get("sparse")
-        for name, apply in sparse_updates(data_path).items():
-            span = by_name.get(name)
-            if span is None:
-                raise UpdateDataError(f"{data_path}: {shown} has no tensor {name!r}")
-            new[name] = _lazy(where.full, span, apply)
-    else:
-        from git_theta.updates.factored import apply_update
-
-        plugin, find = factored_updates(data_path, update_type)
-        for span in spans:
-            _key, candidates = find(span.name)
-            if not candidates:
-                continue
-
-            def apply(prev: bytes | bytearray, dtype: str, shape: tuple[int, ...],
-                      candidates: Any = candidates, name: str = span.name) -> bytes:  # fmt: skip
-                try:  # H3's definition: previous + update, as torch merges it
-                    return apply_update(prev, dtype, shape, candidates)
-                except UsageError as exc:
-                    raise UpdateDataError(f"{data_path}: {name!r}: {exc}") from None
-
-            new[span.name] = _lazy(where.full, span, apply)
-        if not new:
-            raise UpdateDataError(f"{data_path}: none of its factors name a tensor of {shown}")
-    update_for = lambda _name: plugin  # noqa: E731
+    named = _named_updates(where.full, shown, spans, update_type, data_path)
+    plugin, applies = named
+    new = {
+        span.name: _lazy(where.full, span, applies[span.name])
+        for span in spans
+        if span.name in applies and _as_staged(where.full, span, previous)
+    }
+    kept = len(applies) - len(new)
     rewrite = Rewrite(where.full, spans, new)
-    if _is_zip(where.full):
+    if new and _is_zip(where.full):
         rewrite.fix_zip_crcs()
     from git_theta.api._stage import (
         clean_to_manifest,
@@ -410,18 +387,77 @@ def _add_one(repo: Repo, where: Where, shown: str, update_type: str, data_path: 
         stage_manifest,
     )
 
-    manifest = clean_to_manifest(repo, where, _IterSource(rewrite.pieces()), update_for)
+    manifest = clean_to_manifest(repo, where, _IterSource(rewrite.pieces()), lambda _: plugin)
     stage_manifest(where, manifest)
-    from git_theta.files import atomic_write
+    if new:
+        from git_theta.files import atomic_write
 
-    try:
-        atomic_write(where.full, rewrite.pieces(), within=where.top)
-    except ThetaError as exc:
-        exc.add_note(f"{shown} is staged with the update, but its file was not rewritten")
-        raise
+        try:
+            atomic_write(where.full, rewrite.pieces(), within=where.top)
+        except ThetaError as exc:
+            exc.add_note(f"{shown} is staged with the update, but its file was not rewritten")
+            raise
     refresh(where)
     install_hooks_quietly(where.top)
-    sys.stderr.write(f"git-theta: {shown}: applied the {update_type} update from {data_path}\n")
+    said = f"git-theta: {shown}: applied the {update_type} update from {data_path} to "
+    said += f"{len(new)} tensor{'s' * (len(new) != 1)}"
+    if kept:
+        said += (
+            f"; {kept} it names changed in the file since it was staged and are added as "
+            f"they are in it (to apply it to them, `git checkout -- {shown}` first)"
+        )
+    sys.stderr.write(said + "\n")
+
+
+def _named_updates(
+    path: str, shown: str, spans: list[TensorSpan], update_type: str, data_path: str
+) -> tuple[UpdateType, dict[str, Apply]]:
+    """(the update type to store with, tensor name -> its update) for every tensor of the
+    file the update names; raises UpdateDataError naming ``data_path`` when it names a
+    tensor the file lacks, or none of them."""
+    from git_theta.updates import UPDATES
+
+    by_name = {s.name: s for s in spans}
+    if update_type == "sparse":
+        applies = sparse_updates(data_path)
+        for name in applies:
+            if name not in by_name:
+                raise UpdateDataError(f"{data_path}: {shown} has no tensor {name!r}")
+        return UPDATES.get("sparse"), applies
+    from git_theta.updates.factored import apply_update
+
+    plugin, find = factored_updates(data_path, update_type)
+    out: dict[str, Apply] = {}
+    for span in spans:
+        _key, candidates = find(span.name)
+        if not candidates:
+            continue
+
+        def apply(prev: bytes | bytearray, dtype: str, shape: tuple[int, ...],
+                  candidates: Any = candidates, name: str = span.name) -> bytes:  # fmt: skip
+            try:  # H3's definition: previous + update, as torch merges it
+                return apply_update(prev, dtype, shape, candidates)
+            except UsageError as exc:
+                raise UpdateDataError(f"{data_path}: {name!r}: {exc}") from None
+
+        out[span.name] = apply
+    if not out:
+        raise UpdateDataError(f"{data_path}: none of its factors name a tensor of {shown}")
+    return plugin, out
+
+
+def _as_staged(path: str, span: TensorSpan, previous: Manifest) -> bool:
+    """Whether the file holds the staged value of ``span``'s tensor (same dtype, shape
+    and content hash)."""
+    from git_theta.content import content_hash_of
+    from git_theta.files import open_regular
+
+    entry = previous.tensors.get(span.name)
+    if entry is None or (entry.dtype, entry.shape) != (span.dtype, span.shape):
+        return False
+    with open_regular(path) as fh:
+        fh.seek(span.start)
+        return content_hash_of(fh.read, span.end - span.start) == entry.hash
 
 
 def _lazy(path: str, span: TensorSpan, apply: Apply) -> Callable[[], bytes]:
@@ -460,23 +496,3 @@ def _is_zip(path: str) -> bool:
 
     with open_regular(path) as fh:
         return fh.read(4) == b"PK\x03\x04"
-
-
-def _add_as_it_is(where: Where, shown: str, update_type: str, data_path: str) -> None:
-    """The file changed since it was staged: it is what gets committed (``--update-path``
-    semantics for low-rank and ia3; sparse is computed from the file)."""
-    from git_theta.proc import run_attached
-    from git_theta.update_rules import ENV, PATH_ENV
-
-    os.environ[ENV] = update_type
-    os.environ.pop(DATA_ENV, None)  # the filter refuses it: it cannot rewrite the file
-    if update_type != "sparse":
-        os.environ[PATH_ENV] = data_path
-    else:
-        sys.stderr.write(
-            f"git-theta: {shown} changed since it was staged, so it is added as it is and "
-            f"{data_path} is not applied (to apply it, `git checkout -- {shown}` first)\n"
-        )
-    code = run_attached("git", "add", "--", shown)
-    if code != 0:
-        raise ThetaError(f"git add {shown} failed (see git's message above)")
