@@ -23,12 +23,11 @@ def coefficients(blocks: Blocks, t: float, threshold: float) -> tuple[float, flo
     coefficients 1 - t and t."""
     oo = tt = ot = 0.0
     for _, _, ours, theirs in blocks():
-        # In float64 and without BLAS (whose threads only contend on a busy machine).
-        x, y = ours.astype(np.float64), theirs.astype(np.float64)
-        oo += float(np.sum(np.square(x)))
-        tt += float(np.sum(np.square(y)))
-        x *= y
-        ot += float(np.sum(x))
+        # Products and sums in float64, by einsum rather than BLAS (whose threads only
+        # contend on a busy machine).
+        oo += float(np.einsum("i,i->", ours, ours, dtype=np.float64))
+        tt += float(np.einsum("i,i->", theirs, theirs, dtype=np.float64))
+        ot += float(np.einsum("i,i->", ours, theirs, dtype=np.float64))
     norm_o = math.sqrt(oo) if math.sqrt(oo) > _EPS else 1.0
     norm_t = math.sqrt(tt) if math.sqrt(tt) > _EPS else 1.0
     cos = min(1.0, max(-1.0, ot / norm_o / norm_t))

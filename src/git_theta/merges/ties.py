@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import ClassVar
@@ -169,11 +170,13 @@ def _draws(seed: int, position: int, count: int, density: float) -> np.ndarray:
     the PCG64 stream of ``seed`` (see keep_masks)."""
     bits = np.random.PCG64(seed)
     bits.advance(position)
+    # (r >> 11) * 2**-53 < density  <=>  (r >> 11) < ceil(density * 2**53)  (an integer
+    # compared with a real)  <=>  r < ceil(density * 2**53) << 11: one comparison.
+    below = np.uint64(math.ceil(density * 2.0**53) << 11)
     keep = np.empty(count, dtype=bool)
     for start in range(0, count, _CHUNK):
         raw = bits.random_raw(min(_CHUNK, count - start))
-        raw >>= np.uint64(11)
-        keep[start : start + raw.size] = raw.astype(np.float64) * 2.0**-53 < density
+        np.less(raw, below, out=keep[start : start + raw.size])
     return keep
 
 
