@@ -185,12 +185,16 @@ def test_open_staged_version_and_errors(repo: Path) -> None:
 
 
 def test_open_refuses_a_hostile_manifest_in_one_line(repo: Path) -> None:
-    blob = b'{"git-theta": 1, "format": "safetensors", "size": -5}\n'
+    """What is committed is untrusted: open parses it as smudge does (manifest.parse)."""
+    git_theta.save(state(0), "model.safetensors")
+    good = git(repo, "show", ":model.safetensors").stdout
+    blob = good.replace(b'"shape": [64, 32]', b'"shape": [1048576, 1048576]')  # 4 TB claimed
+    assert blob != good
     oid = git(repo, "hash-object", "-w", "--stdin", stdin=blob).stdout.decode().strip()
     git(repo, "update-index", "--add", "--cacheinfo", f"100644,{oid},model.safetensors")
     with pytest.raises(ManifestError) as exc:
         git_theta.open(None, "model.safetensors")
-    assert "\n" not in str(exc.value)
+    assert "\n" not in str(exc.value) and "embed.weight" in str(exc.value)
 
 
 def test_history_says_which_tensors_changed_and_how_much(repo: Path) -> None:
