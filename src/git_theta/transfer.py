@@ -125,7 +125,7 @@ class Downloader:
         # one line naming the file, not a screen of its own before that line.
         self._stderr: IO[bytes] | None = None
 
-    def _copy_local(self, wanted: dict[str, ObjectRef]) -> None:
+    def _copy_local(self, wanted: dict[str, ObjectRef], progress: Progress) -> None:
         """Copy what a ``file://`` remote holds of ``wanted`` (removing those entries);
         ``copy_in`` puts a plain Git LFS object in git-lfs's directory, not ours."""
         if self._local is False:
@@ -148,6 +148,7 @@ class Downloader:
             for ref, done in zip(refs, pool.map(copy, refs), strict=True):
                 if done:
                     del wanted[ref.oid]
+                    progress.advance(ref.size)
         finally:
             pool.shutdown()
 
@@ -205,15 +206,15 @@ class Downloader:
 
         # present(), not has(): a plain Git LFS object is never taken into our directory.
         wanted = {ref.oid: ref for ref in refs if not self.store.present(ref)}
-        if wanted:
-            self._copy_local(wanted)
         if not wanted:
             return
         progress = Progress(
             "downloading", sum(ref.size for ref in wanted.values()), len(wanted), unit="objects"
         )
         try:
-            self._download(wanted, progress)
+            self._copy_local(wanted, progress)
+            if wanted:
+                self._download(wanted, progress)
         finally:
             progress.close()
 
