@@ -445,3 +445,32 @@ def test_side_load_api_applies_predecessor_shapes(tmp_path: Path) -> None:
         assert np.array_equal(np.frombuffer(got, np.float32), want.reshape(-1)), name
     assert candidates_for(found.candidates, "sq")[0] == "model.sq/ia3"[: -len("/ia3")]
     assert candidates_for(found.candidates, "missing") == ("missing", [])
+
+
+# A low-rank object of the second definition (transpose, rounding "steps", a non-empty
+# correction), written once: it must decode to the same bytes forever, whatever the encoder.
+_PINNED_PREV = (
+    "yst3O1FLK7xIWge8SAFIvZluEz3Mdbs85ETVu5qPfTxSS7g7B3o1vCcqoDy+hsu7f3/XuwvJgbymFBU8WAUCuyKu"
+    "Mjxu9ka8XTwmO7AwkryZ3Yk8G3Z2O52k2DuQgwY8"
+)
+_PINNED_PAYLOAD = (
+    "R1RGWMYAAAB7ImZhY3RvcnMiOiBbeyJkdHlwZSI6ICJGMzIiLCAic2hhcGUiOiBbNCwgMl0sICJzaXplIjogNzJ9"
+    "LCB7ImR0eXBlIjogIkYzMiIsICJzaGFwZSI6IFsyLCA2XSwgInNpemUiOiA4OH1dLCAia2luZCI6ICJsb3ctcmFu"
+    "ayIsICJyb3VuZGluZyI6ICJzdGVwcyIsICJzY2FsZSI6IDIuMCwgInNoYXBlIjogWzYsIDRdLCAidHJhbnNwb3Nl"
+    "IjogdHJ1ZX1HVEhPAQQBACAAAAAAAAAAAAAQAAAIAAAAeHh5eXl4eHUACAAAAEsAUAwb7RNRAAgAAAA0ofhxWBq6"
+    "awAIAAAAffxeQ8dpsJ5HVEhPAQQBADAAAAAAAAAAAAAQAAAMAAAAfXx7e3p9fXx7fnx9AAwAAABLuwJdoQpbAyoU"
+    "1UsADAAAAETcwAY0ygwwhbKvfAAMAAAATI4qrBN+e6n0wNHFR1RITwEEAABgAAAAAAAAAAAAEAAAGAAAAAAAAAAA"
+    "AAAAAAAAAAAAAAAAAAAAAAAAAAAYAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAABgAAAAAAAAAAAAAAAAAAAAA"
+    "AAAAAAAAAAAAAAAAGAAAAAIAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=="
+)
+_PINNED_NEW = "0917cef7e08c77fa15808abc92148d87abbc05e2dd2be37bbdff97dd3d15736a"
+
+
+def test_pinned_steps_object_still_decodes() -> None:
+    import base64
+    import hashlib
+
+    prev = bytearray(base64.b64decode(_PINNED_PREV))
+    payload = base64.b64decode(_PINNED_PAYLOAD)
+    value = UPDATES.get("low-rank").apply(prev, payload, "F32")
+    assert hashlib.sha256(bytes(value)).hexdigest() == _PINNED_NEW
