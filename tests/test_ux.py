@@ -545,3 +545,15 @@ def test_progress_lines_for_known_and_unknown_totals(
     assert err.endswith(" MB/s\n")
     monkeypatch.setenv("GIT_THETA_QUIET", "1")
     assert not progress.enabled() and progress.quiet()
+
+
+def test_a_local_install_outside_a_repository_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    assert main(["install", "--local"]) == 2
+    assert capsys.readouterr().err == (
+        "git-theta: error: --local: not a git repository (or any parent directory): run this "
+        "inside a repository (cd into one, or `git init`); or install for your user without it\n"
+    )

@@ -12,7 +12,7 @@ import shlex
 import sys
 
 from git_theta import filter_client, git
-from git_theta.errors import ThetaError
+from git_theta.errors import ThetaError, UsageError
 from git_theta.hooks import HooksElsewhereError, install_hooks
 from git_theta.interpreter import python_argv
 from git_theta.proc import run
@@ -111,6 +111,10 @@ def install(scope: str, server: bool = False) -> int:
     """Write git-theta's config in ``scope`` (the warm filter server's client as the
     filter with ``server``); return 0. Raises ThetaError when git-lfs is missing or the
     configured commands would not import git-theta, before writing anything."""
+    if scope == "local" and not git.inside_work_tree():
+        from git_theta.errors import NOT_A_REPOSITORY
+
+        raise UsageError(f"--local: {NOT_A_REPOSITORY}; or install for your user without it")
     if git.lfs_version() is None:
         raise ThetaError(LFS_MISSING)
     check_importable()
