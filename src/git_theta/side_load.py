@@ -180,8 +180,11 @@ def factored_updates(data_path: str, update_type: str) -> tuple[UpdateType, Call
         plugin = UPDATES.get(update_type).with_inputs(data_path)
     except CheckpointError as exc:
         raise UpdateDataError(f"{data_path}: {exc}") from None
-    find = getattr(plugin, "_find")  # noqa: B009 - the one matching of names, shared
-    return plugin, find
+    from git_theta.updates.factored import Factored, candidates_for
+
+    assert isinstance(plugin, Factored)
+    inputs = plugin.inputs  # the one matching of names, shared with --update-path
+    return plugin, lambda name: candidates_for(inputs, name)
 
 
 # --- the rewritten file --------------------------------------------------------------
