@@ -443,8 +443,9 @@ def test_forcing_an_update_type_restages_and_says_when_it_stored_dense(repo: Pat
 
 
 def test_an_update_type_for_a_path_git_theta_does_not_track_is_refused(
-    repo: Path, capsys: pytest.CaptureFixture[str]
+    repo: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("GIT_THETA_UPDATE_TYPE", "")  # add() sets it in this process: undone
     (repo / "notes.txt").write_text("hello\n")
     capsys.readouterr()
     assert main(["add", "notes.txt", "--update-type", "sparse"]) == 2
@@ -557,3 +558,18 @@ def test_a_local_install_outside_a_repository_says_so(
         "git-theta: error: --local: not a git repository (or any parent directory): run this "
         "inside a repository (cd into one, or `git init`); or install for your user without it\n"
     )
+
+
+@pytest.mark.parametrize(("name", "value"), [("GIT_THETA_UPDATE_TYPE", "bogus")])
+def test_a_bad_setting_in_the_environment_never_breaks_git_status(
+    repo: Path, monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    (repo / "model.safetensors").write_bytes(st_from_arrays(f32(SHAPES, 1)))
+    git(repo, "add", "model.safetensors")
+    git(repo, "commit", "-q", "-m", "v1")
+    (repo / "model.safetensors").write_bytes(st_from_arrays(f32(SHAPES, 2)))
+    monkeypatch.setenv(name, value)
+    status = git(repo, "status", "--porcelain", check=False)
+    assert (status.returncode, status.stdout) == (0, b" M model.safetensors\n")
+    add = git(repo, "add", "model.safetensors", check=False)
+    assert add.returncode != 0 and value in add.stderr.decode().splitlines()[0]

@@ -20,7 +20,17 @@ def _git_is_quiet() -> bool:
 
 def quiet() -> bool:
     """True when the user asked for quiet: GIT_THETA_QUIET, ``git theta -q``, or git's -q."""
-    return env_flag("GIT_THETA_QUIET") or _git_is_quiet()
+    from git_theta.errors import UsageError
+
+    try:
+        asked = env_flag("GIT_THETA_QUIET")
+    except UsageError:
+        from git_theta import git_parent
+
+        if not git_parent.git_only_looks():
+            raise
+        asked = False  # git status must not fail on it; git add says what is wrong
+    return asked or _git_is_quiet()
 
 
 def enabled() -> bool:

@@ -50,8 +50,31 @@ def parse_rules(text: str, source: str) -> list[tuple[str, str]]:
 def load_policy(top: str) -> Callable[[str], UpdateType]:
     """Return a function mapping a tensor name to its (configured) update type.
 
-    Raises ThetaError for unknown types, bad rules or an unusable factors file.
+    Raises ThetaError for unknown types, bad rules or an unusable factors file, except in
+    a clean filter serving a git command that only looks (status, diff: git_parent.py),
+    which warns and uses auto: the update type changes how a change is stored, never what
+    is stored, so the answer stays exact and the user can still see the repository.
     """
+    try:
+        return _configured_policy(top)
+    except ThetaError as exc:
+        from git_theta import git_parent
+
+        if not git_parent.git_only_looks():
+            raise
+        import sys
+
+        from git_theta.updates import UPDATES
+
+        sys.stderr.write(
+            f"git-theta: warning: {exc}; using {DEFAULT} until it is fixed (git add refuses it)\n"
+        )
+        plugin = UPDATES.get(DEFAULT)
+        return lambda _name: plugin
+
+
+def _configured_policy(top: str) -> Callable[[str], UpdateType]:
+    """The policy the environment and the rules file configure; raises ThetaError."""
     from git_theta.updates import UPDATES
 
     if os.environ.get("GIT_THETA_UPDATE_DATA_PATH", "").strip():  # see side_load.py
@@ -68,22 +91,7 @@ def load_policy(top: str) -> Callable[[str], UpdateType]:
         return lambda _name: plugin
     if inputs:
         raise UsageError(f"{PATH_ENV} needs {ENV} (low-rank or ia3) as well")
-    try:
-        return _rules_policy(top)
-    except ThetaError as exc:
-        from git_theta import git_parent
-
-        if not git_parent.git_only_looks():
-            raise
-        # git status / diff must still show the repository: the update type changes how
-        # a change is stored, never what is stored, so auto is exact.
-        import sys
-
-        sys.stderr.write(
-            f"git-theta: warning: {exc}; using {DEFAULT} until it is fixed (git add refuses it)\n"
-        )
-        plugin = UPDATES.get(DEFAULT)
-        return lambda _name: plugin
+    return _rules_policy(top)
 
 
 def _rules_policy(top: str) -> Callable[[str], UpdateType]:
