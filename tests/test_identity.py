@@ -237,3 +237,47 @@ def test_a_hostile_manifest_in_the_index_is_ignored(repo: Path) -> None:
     git(repo, "checkout", "--", "n.safetensors")
     assert sha256(repo / "n.safetensors") == sha
     assert hashlib.sha256((repo / "n.safetensors").read_bytes()).hexdigest() == sha
+
+
+def _clean_in_process(data: bytes, store: object, previous: object, known: object) -> object:
+    import io
+
+    from git_theta.clean import clean
+
+    return clean(io.BytesIO(data), io.BytesIO(), "m.safetensors", store, previous,  # type: ignore[arg-type]
+                 show_progress=False, known=known)  # type: ignore[arg-type]  # fmt: skip
+
+
+def test_an_in_place_change_never_reads_the_other_manifests(tmp_path: Path) -> None:
+    """The common add (some tensors of a file changed where they are) costs no git call
+    for identity: the other manifests are read only for a name the path's own lacks."""
+    from git_theta.identity import Known
+    from git_theta.store import ObjectStore
+
+    def refuse(near: str) -> list[tuple[int, str, object]]:
+        raise AssertionError("the index and HEAD were read")
+
+    store = ObjectStore(tmp_path)
+    arrays = f32(SHAPES, seed=11)
+    first = _clean_in_process(st_from_arrays(arrays), store, None, Known(lambda near: []))
+    arrays["layer3.weight"].reshape(-1)[::7] += np.float32(1e-3)
+    again = _clean_in_process(st_from_arrays(arrays), store, first, Known(refuse))
+    assert again.tensors["layer3.weight"].chain[:-1] == first.tensors["layer3.weight"].chain  # type: ignore[attr-defined]
+
+
+def test_reading_other_manifests_is_capped(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    history = importlib.import_module("git_theta.history")  # the package exports a history()
+    arrays = f32({"w": (8, 8)}, seed=12)
+    for i in range(4):
+        (repo / f"m{i}.safetensors").write_bytes(st_from_arrays(arrays))
+    commit(repo, "four")
+    _stage_blob(repo, "big.safetensors", b'{\n "git-theta": ' + b" " * 5000 + b"1}\n")
+    monkeypatch.setattr(history, "IDENTITY_MAX_MANIFESTS", 2)
+    found = history.identity_blobs("", str(repo))
+    assert len({oid for _, _, oid, _ in found}) <= 2
+    monkeypatch.setattr(history, "IDENTITY_MAX_MANIFESTS", 100)
+    monkeypatch.setattr(history, "IDENTITY_MAX_BYTES", 4000)  # the big blob is not read
+    found = history.identity_blobs("", str(repo))
+    assert {path for _, path, _, _ in found} == {f"m{i}.safetensors" for i in range(4)}
