@@ -206,8 +206,8 @@ def reproduce(prev: Buffer, dtype: str, shape: tuple[int, ...], inputs: Inputs) 
 
 
 def _round32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``a + b`` rounded once to float32 (as float64 values), for float64 ``a`` exact
-    products of float32 values and float32 ``b``: a fused multiply-add.
+    """``a + b`` rounded once to float32, for float64 ``a`` exact products of float32
+    values and ``b`` float32 values (of either width): a fused multiply-add.
 
     The float64 sum may itself be rounded, and rounding it again to float32 is wrong only
     where it landed exactly on a float32 tie (its low 29 bits are 1 followed by zeros) or
@@ -216,11 +216,12 @@ def _round32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     import numpy as np
 
     s = a + b
-    t = s.astype(np.float32)
+    t: np.ndarray = s.astype(np.float32)
     low = s.view(np.uint64) & np.uint64((1 << 29) - 1)
     suspect = np.flatnonzero((low == np.uint64(1 << 28)) | (np.abs(s) < 2.0**-125))
     if suspect.size:
-        sa, sb, ss = a.reshape(-1)[suspect], b.reshape(-1)[suspect], s.reshape(-1)[suspect]
+        sa, ss = a.reshape(-1)[suspect], s.reshape(-1)[suspect]
+        sb = b.reshape(-1)[suspect].astype(np.float64)
         bb = ss - sa
         err = (sa - (ss - bb)) + (sb - bb)
         near = t.reshape(-1)[suspect]
@@ -230,18 +231,21 @@ def _round32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         near = np.where((ss == (mid + up) / 2) & (err > 0), up, near)
         near = np.where((ss == (mid + down) / 2) & (err < 0), down, near)
         t.reshape(-1)[suspect] = near
-    out: np.ndarray = t.astype(np.float64)
-    return out
+    return t
 
 
 def _product(r: np.ndarray, c: np.ndarray, rounding: str) -> np.ndarray:
     """``r @ c`` (2-D float64 arrays of float32-or-narrower values) by ``rounding``."""
     import numpy as np
 
+    if rounding == "steps":  # the accumulator is float32, as torch's
+        acc = np.zeros((r.shape[0], c.shape[1]), np.float32)
+        for k in range(r.shape[1]):
+            acc = _round32(np.multiply.outer(r[:, k], c[k, :]), acc)
+        return acc.astype(np.float64)
     out = np.zeros((r.shape[0], c.shape[1]))
     for k in range(r.shape[1]):  # one rank at a time: elementwise, so exact everywhere
-        term = np.multiply.outer(r[:, k], c[k, :])
-        out = _round32(term, out) if rounding == "steps" else out + term
+        out += np.multiply.outer(r[:, k], c[k, :])
     return out
 
 
