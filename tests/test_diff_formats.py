@@ -4,6 +4,7 @@ grouping at '/' and the bytes a change really stored."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -250,3 +251,112 @@ def test_glue_view_refuses_a_read_larger_than_the_glue() -> None:
     view.seek(0)
     with pytest.raises(CheckpointError, match="outside the file's non-tensor bytes"):
         view.read(1 << 39)
+
+
+# Hostile npz files (review): a member is inflated only within a budget, and once.
+_PEAK = """
+import resource, subprocess, sys
+done = subprocess.run(sys.argv[1:], capture_output=True, text=True)
+sys.stdout.write(f"{resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024}\\n")
+sys.stdout.write(f"{done.returncode}\\n{done.stderr}")
+"""
+
+
+def _peak(repo: Path, *argv: str) -> tuple[int, int, str]:
+    """Run ``argv`` in ``repo``: (peak RSS in MB of it and its children, exit code, stderr)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "NO_COLOR": "1", "GIT_THETA_SERVER": "0"}
+    out = subprocess.run(
+        [sys.executable, "-c", _PEAK, *argv], cwd=repo, capture_output=True, text=True, env=env
+    ).stdout
+    peak, code, err = out.split("\n", 2)
+    return int(peak), int(code), err
+
+
+def _alias(npz: bytes, name: bytes, alias: bytes) -> bytes:
+    """``npz`` with a second central directory entry, ``alias``, for member ``name``'s
+    bytes: one deflate stream under two names (``alias`` as long as ``name``)."""
+    import struct
+
+    end = npz.rindex(b"PK\x05\x06")
+    count, cd_size, cd_offset = struct.unpack_from("<HII", npz, end + 10)
+    at = cd_offset
+    while npz[at + 46 : at + 46 + len(name)] != name:
+        at = npz.index(b"PK\x01\x02", at + 4)
+    n_name, n_extra, n_comment = struct.unpack_from("<HHH", npz, at + 28)
+    record = npz[at : at + 46 + n_name + n_extra + n_comment].replace(name, alias, 1)
+    tail = bytearray(npz[end:])
+    struct.pack_into("<HHI", tail, 8, count + 1, count + 1, cd_size + len(record))
+    return npz[:end] + record + bytes(tail)
+
+
+def test_one_compressed_stream_under_many_names_is_refused(repo: Path) -> None:
+    track(repo, "*.npz")
+    np.savez_compressed(repo / "a.npz", w=np.zeros(1000, np.float32))
+    commit(repo, "v1")
+    data = (repo / "a.npz").read_bytes()
+    for i in range(3):  # each name would inflate the same stream again: a bomb per name
+        data = _alias(data, b"w.npy", f"{i}.npy".encode())
+    (repo / "a.npz").write_bytes(data)
+    expected = "git-theta: error: npz member '0' overlaps 'w': a crafted file\n"
+    for argv in (["git", "theta", "diff"], ["git-theta", "textconv", "a.npz"]):
+        _, code, err = _peak(repo, *argv)
+        assert (code, err) == (1, expected), argv
+
+
+def test_compressed_members_share_one_inflate_budget_per_file(
+    repo: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    track(repo, "*.npz")
+    for fill in (0.0, 1.0):  # four 1 MiB members of ~1 kB each: within 3 MiB, two fit
+        np.savez_compressed(
+            repo / "z.npz", **{f"m{i}": np.full(1 << 18, fill, np.float32) for i in range(4)}
+        )
+        commit(repo, "v")
+    monkeypatch.setattr(numpy_npz, "INFLATE_FLOOR", 3 << 20)
+    monkeypatch.setenv("NO_COLOR", "1")
+    capsys.readouterr()
+    assert main(["diff", "HEAD~1", "HEAD"]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("M m")]
+    assert [line.split("  ")[3].startswith("262,144/262,144 changed") for line in lines] == [
+        True, True, False, False,
+    ]  # fmt: skip
+    past = "not compared: it inflates to 1,048,704 bytes, past what git-theta inflates for one"
+    assert lines[2].endswith(past + " file") and lines[3].endswith(past + " file")
+
+
+def test_git_show_of_a_compressed_member_costs_its_bytes_not_copies(repo: Path) -> None:
+    track(repo, "*.npz")
+    np.savez_compressed(repo / "z.npz", z=np.zeros(24 << 20, np.float32))  # 96 MiB in 94 kB
+    peak, code, err = _peak(repo, "git-theta", "textconv", "z.npz")
+    assert (code, err) == (0, "")
+    assert peak < 96 + 120, f"peak RSS {peak} MB"  # the array once, and the interpreter's
+
+
+def test_a_glue_object_that_inflates_past_its_bound_is_refused_before_diffing(
+    repo: Path,
+) -> None:
+    from test_hostile_objects import bomb
+
+    from git_theta.content import content_hash_of
+    from git_theta.store import ObjectStore
+
+    track(repo, "*.npz")
+    np.savez_compressed(repo / "a.npz", w=np.ones(4, np.float32))
+    commit(repo, "v1")
+    size = 512 << 20  # a 512 MiB glue of zeros in ~25 kB: a diff must not allocate it
+    glue = bomb(size)
+    oid = ObjectStore(repo / ".git" / "lfs").put([glue]).oid
+    manifest = json.loads(git(repo, "show", "HEAD:a.npz").stdout)
+    assert manifest["tensors"] == {}  # all its members are compressed: all glue
+    manifest.update(size=size, layout=[size])
+    manifest["glue"] = {"hash": content_hash_of(bytes, size), "oid": oid, "size": len(glue)}
+    text = json.dumps(manifest, indent=1).encode()
+    blob = git(repo, "hash-object", "-w", "--no-filters", "--stdin", stdin=text)
+    git(repo, "update-index", "--cacheinfo", f"100644,{blob.stdout.decode().strip()},a.npz")
+    git(repo, "commit", "-q", "-m", "hostile")
+    peak, code, err = _peak(repo, "git", "theta", "diff", "HEAD~1", "HEAD")
+    assert peak < 300, f"peak RSS {peak} MB"
+    assert code == 1 and err.count("\n") == 1 and "would be rebuilt from" in err, err

@@ -143,40 +143,53 @@ def _glue_pieces(manifest: Manifest) -> list[tuple[int, int, int]] | None:
     return pieces
 
 
-def _member_side(name: str, data: bytes, reread: Callable[[], bytes], crc: int) -> TensorSide:
-    """A deflated npz member as a side: its hash is its compressed bytes' (equal bytes,
-    equal array), its values are inflated when compared (``reread`` gives the bytes)."""
+def _member_side(
+    name: str, data: bytes, reread: Callable[[], bytes], crc: int, room: int
+) -> tuple[TensorSide, int]:
+    """A deflated npz member as a side, and the bytes comparing it inflates (0 when it
+    will not be): its hash is its compressed bytes' (equal bytes, equal array), its values
+    are inflated when compared (``reread`` gives the bytes), unless its array is past
+    ``inflate_cap`` or ``room`` (what is left of its file's budget)."""
     from git_theta.formats.numpy_npz import inflate_cap, member_array
 
     digest = content_hash(data)
     try:
         inner, _ = member_array(data, name, header_only=True)
     except CheckpointError as exc:
-        return TensorSide("?", (), digest, DEFLATED, frozenset(), None, unreadable=str(exc))
+        side = TensorSide("?", (), digest, DEFLATED, frozenset(), None, unreadable=str(exc))
+        return side, 0
     unreadable = ""
     if inner.end > inflate_cap(len(data)):
         unreadable = (
             f"not compared: it inflates to {inner.end:,} bytes from {len(data):,}, more "
             "than git-theta inflates"
         )
+    elif inner.end > room:
+        unreadable = (
+            f"not compared: it inflates to {inner.end:,} bytes, past what git-theta "
+            "inflates for one file"
+        )
 
-    def load() -> bytes:
-        span, member = member_array(reread(), name, crc=crc)
-        return member[span.start : span.end]
+    def load() -> bytes | bytearray:
+        return member_array(reread(), name, crc=crc)[1]
 
-    return TensorSide(
+    side = TensorSide(
         inner.dtype, inner.shape, digest, DEFLATED, frozenset(), load, unreadable=unreadable
     )
+    return side, 0 if unreadable else inner.end
 
 
 def _deflated_sides(
-    fh: BinaryIO, size: int, taken: Set[str], reread: Callable[[int, int], bytes]
+    fh: BinaryIO, size: int, taken: Set[str], reread: Callable[[int, int], bytes], real: int
 ) -> dict[str, TensorSide]:
     """Sides for the deflated members of the npz ``fh`` (those not named in ``taken``:
-    a name given twice is a crafted file, and the stored tensor wins)."""
-    from git_theta.formats.numpy_npz import compressed_members
+    a name given twice is a crafted file, and the stored tensor wins). All of them
+    inflate to at most ``inflate_cap(real)`` (``real``: the bytes the file really has),
+    as smudge bounds a file's output, so many small bombs cost no more than one."""
+    from git_theta.formats.numpy_npz import compressed_members, inflate_cap
 
     out = {}
+    room = inflate_cap(real)
     for member in compressed_members(fh, size):
         if member.name in taken or member.name in out:
             continue
@@ -186,7 +199,8 @@ def _deflated_sides(
         def again(start: int = member.start, n: int = member.size) -> bytes:
             return reread(start, n)
 
-        out[member.name] = _member_side(member.name, data, again, member.crc)
+        out[member.name], inflated = _member_side(member.name, data, again, member.crc, room)
+        room -= inflated
     return out
 
 
@@ -198,15 +212,18 @@ def _manifest_members(manifest: Manifest, store: ObjectStore) -> dict[str, Tenso
     pieces = _glue_pieces(manifest)
     if pieces is None:
         return {}
-    from git_theta.smudge import read_glue
+    from git_theta.smudge import check_expansion, read_glue
 
-    view = _GlueView(read_glue(manifest, store), pieces, manifest.size)
+    check_expansion(manifest)  # a small glue object claiming a huge glue: a bomb, as in smudge
+    glue = read_glue(manifest, store)
+    view = _GlueView(glue, pieces, manifest.size)
 
     def reread(start: int, n: int) -> bytes:
         view.seek(start)
         return view.read(n)
 
-    return _deflated_sides(cast(BinaryIO, view), manifest.size, manifest.tensors.keys(), reread)
+    taken = manifest.tensors.keys()
+    return _deflated_sides(cast(BinaryIO, view), manifest.size, taken, reread, len(glue))
 
 
 def merge_text(entry: TensorEntry) -> str:
@@ -284,7 +301,7 @@ def from_file(
                 return fh.read(n)
 
         with open_regular(path) as fh:
-            out.update(_deflated_sides(fh, size, set(out), reread))
+            out.update(_deflated_sides(fh, size, set(out), reread, size))
     return out
 
 

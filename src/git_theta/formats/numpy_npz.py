@@ -88,14 +88,20 @@ class CompressedMember(NamedTuple):
 def compressed_members(fh: BinaryIO, size: int) -> list[CompressedMember]:
     """Return the deflated ``.npy`` members of the npz ``fh``, in file order. Raises
     CheckpointError when the zip directory or a member lies outside the file."""
-    out = []
+    out: list[CompressedMember] = []
+    end = 0  # where the previous member's bytes end
     for name, m in sorted(zip_members(fh, size).items(), key=lambda e: e[1].offset):
         if m.method != _DEFLATED or not name.endswith(".npy"):
             continue
+        if m.offset < end:  # one stream under many names would inflate once per name
+            raise CheckpointError(
+                f"npz member {shown(name[:-4])} overlaps {shown(out[-1].name)}: a crafted file"
+            )
         start = zip_data_start(fh, m.offset, size)
         if start + m.size > size:
             raise CheckpointError(f"npz member {shown(name)} lies outside the file")
         out.append(CompressedMember(name[: -len(".npy")], start, m.size, m.crc, m.usize))
+        end = start + m.size
     return out
 
 
@@ -114,11 +120,15 @@ def _npy_header(member: bytes, name: str) -> TensorSpan:
     return inner
 
 
+_CHUNK = 16 << 20  # inflated at a time, so a member costs its array and no copy of it
+
+
 def member_array(
     compressed: bytes, name: str, header_only: bool = False, crc: int | None = None
-) -> tuple[TensorSpan, bytes]:
-    """Inflate a deflated member: return its array's span (offsets into the bytes returned)
-    and the member's bytes, up to its array's end (only the header with ``header_only``).
+) -> tuple[TensorSpan, bytes | bytearray]:
+    """Inflate a deflated member: return its array's span (offsets into the member) and
+    its array's bytes (the member's first bytes, its header among them, with
+    ``header_only``).
 
     Raises CheckpointError when it is not an .npy array, is truncated, or is corrupt (a
     raw deflate stream has no checksum: ``crc``, the zip directory's CRC-32 of the whole
@@ -134,15 +144,23 @@ def member_array(
         cap = inflate_cap(len(compressed))
         if inner.end > cap:
             raise LimitExceeded(f"npz member {shown(name)} inflated", inner.end, cap, "bytes")
-        data = head[: inner.end]
-        if len(head) < inner.end:  # max_length 0 would mean no limit: only ask for more
-            data += inflate.decompress(inflate.unconsumed_tail, inner.end - len(head))
+        # Inflated in chunks into the array's own buffer: never the array twice in memory.
+        values = bytearray(inner.end - inner.start)
+        got = head[inner.start : inner.end]
+        values[: len(got)] = got
+        pos, check = len(got), zlib.crc32(head[: inner.end])
+        while pos < len(values):  # max_length 0 would mean no limit: only ask for more
+            chunk = inflate.decompress(inflate.unconsumed_tail, min(_CHUNK, len(values) - pos))
+            if not chunk:
+                break
+            values[pos : pos + len(chunk)] = chunk
+            pos, check = pos + len(chunk), zlib.crc32(chunk, check)
         # Past the array: nothing more, then the stream's end (else it was cut short).
         more = len(head) > inner.end or bool(inflate.decompress(inflate.unconsumed_tail, 1))
     except zlib.error as exc:
         raise CheckpointError(f"npz member {shown(name)} is corrupt ({exc})") from None
-    if len(data) < inner.end or (crc is not None and not inflate.eof):
+    if pos < len(values) or (crc is not None and not inflate.eof):
         raise CheckpointError(f"npz member {shown(name)} is shorter than its header says")
-    if crc is not None and (more or zlib.crc32(data) != crc):
+    if crc is not None and (more or check != crc):
         raise CheckpointError(f"npz member {shown(name)} is corrupt (its CRC-32 differs)")
-    return inner, data
+    return inner, values
