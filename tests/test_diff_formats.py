@@ -360,3 +360,21 @@ def test_a_glue_object_that_inflates_past_its_bound_is_refused_before_diffing(
     peak, code, err = _peak(repo, "git", "theta", "diff", "HEAD~1", "HEAD")
     assert peak < 300, f"peak RSS {peak} MB"
     assert code == 1 and err.count("\n") == 1 and "would be rebuilt from" in err, err
+
+
+def test_float64_values_whose_squares_overflow_have_finite_norms(repo: Path) -> None:
+    track(repo, "*.npz")
+    np.savez(repo / "m.npz", w=np.array([1e300, 1.0]))
+    commit(repo, "v1")
+    np.savez(repo / "m.npz", w=np.array([-1e300, 1.0]))
+    commit(repo, "v2")
+    out = theta(repo, "diff", "HEAD~1", "HEAD").stdout
+    assert "M w  F64 [2]  dense  1/2 changed (50.00%)  L2 2e+300  max 2e+300  rel 2\n" in out
+    assert (
+        " w  1 modified, 1 parameters, rel 2\n"
+        in theta(repo, "diff", "--stat", "HEAD~1", "HEAD").stdout
+    )
+    report = theta(repo, "diff", "--json", "HEAD~1", "HEAD").stdout
+    assert "Infinity" not in report and "NaN" not in report
+    (entry,) = json.loads(report)["files"][0]["tensors"]
+    assert (entry["l2"], entry["old_norm"], entry["rel"]) == (2e300, 1e300, 2.0)

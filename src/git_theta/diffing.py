@@ -14,7 +14,7 @@ import math
 import os
 from collections.abc import Callable, Set
 from dataclasses import dataclass, field
-from typing import BinaryIO, cast
+from typing import TYPE_CHECKING, BinaryIO, cast
 
 from git_theta import chains, kernels
 from git_theta.content import content_hash
@@ -26,6 +26,9 @@ from git_theta.formats.base import SNIFF_MAX
 from git_theta.manifest import Link, Manifest, TensorEntry, tensor_nbytes
 from git_theta.parallel import ordered_map
 from git_theta.store import ObjectStore
+
+if TYPE_CHECKING:  # NumPy is imported where values are compared, not at start-up
+    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -365,10 +368,24 @@ def _numpy_stats(
             return None
         delta = y - x
         finite = delta[np.isfinite(delta)]
-        diff.l2 = float(np.sqrt(np.dot(finite, finite))) if finite.size else 0.0
+        diff.l2 = _l2_norm(finite)
         diff.max_abs = float(np.abs(finite).max()) if finite.size else 0.0
-        xf = x[np.isfinite(x)]
-        return float(np.sqrt(np.dot(xf, xf))) if xf.size else 0.0
+        return _l2_norm(x[np.isfinite(x)])
+
+
+def _l2_norm(finite: np.ndarray) -> float:
+    """The L2 norm of finite values: scaled by their largest when their squares overflow
+    (1e300 is a finite float64 whose square is not), so it is inf only past float64."""
+    import numpy as np
+
+    if not finite.size:
+        return 0.0
+    squares = float(np.dot(finite, finite))
+    if math.isfinite(squares):
+        return math.sqrt(squares)
+    top = float(np.abs(finite).max())
+    scaled = finite / top
+    return top * math.sqrt(float(np.dot(scaled, scaled)))
 
 
 def _measure(diff: TensorDiff) -> None:
@@ -403,19 +420,23 @@ def _measure(diff: TensorDiff) -> None:
         return
 
     kind = _WIDEN.get(new.dtype)
+    squares = math.inf  # of the change and of old, from the C pass (inf: none was made)
     if kernels.native is not None and kind is not None:
         # One pass in C, and no NumPy import (0.12 s) for the usual float tensors.
         diff.changed, d2, max_abs, x2 = kernels.native.diff_stats(a, b, kind)
         diff.l2, diff.max_abs, norm = math.sqrt(d2), max_abs, math.sqrt(x2)
-    else:
-        found = _numpy_stats(diff, a, b, new.dtype)
+        squares = d2 + x2
+    if math.isinf(squares):  # no C pass, or squares past float64 (F64 near 1e300):
+        found = _numpy_stats(diff, a, b, new.dtype)  # NumPy's pass scales them
         if found is None:
             return
         norm = found
     l2 = diff.l2 or 0.0
     diff.old_norm = norm
-    if norm > 0:
+    if norm > 0 and math.isfinite(l2 / norm):
         diff.rel = l2 / norm
+    elif norm > 0:  # a norm or change past float64 (or a tiny old norm): no ratio to give
+        diff.note = "relative change too large to show"
     elif l2 == 0:
         diff.rel = 0.0
     else:  # no relative size to give: the change is the new value, whose L2 is l2

@@ -123,10 +123,11 @@ def _group_rel(items: list[TensorDiff]) -> str:
     measured = [t for t in items if t.l2 is not None and t.old_norm is not None]
     if not measured:
         return ""
-    change = math.sqrt(sum((t.l2 or 0.0) ** 2 for t in measured))
-    norm = math.sqrt(sum((t.old_norm or 0.0) ** 2 for t in measured))
+    change = math.hypot(*(t.l2 or 0.0 for t in measured))  # hypot: squares never overflow
+    norm = math.hypot(*(t.old_norm or 0.0 for t in measured))
     if norm > 0:
-        return f", rel {change / norm:.4g}"
+        rel = change / norm
+        return f", rel {rel:.4g}" if math.isfinite(rel) else ""
     return ", rel 0" if change == 0 else ", was all zeros"
 
 
@@ -177,6 +178,11 @@ def _side_json(side: TensorSide | None) -> dict[str, Any] | None:
     }
 
 
+def _finite(x: float | None) -> float | None:
+    """``x``, or None past float64: JSON has no Infinity (json.dumps would write one)."""
+    return x if x is None or math.isfinite(x) else None
+
+
 def render_json(reports: list[FileDiff]) -> str:
     files = []
     for r in reports:
@@ -192,7 +198,8 @@ def render_json(reports: list[FileDiff]) -> str:
                 {
                     "name": t.name, "status": t.status, "old": _side_json(t.old),
                     "new": _side_json(t.new), "numel": t.numel, "changed": t.changed,
-                    "l2": t.l2, "max_abs": t.max_abs, "rel": t.rel, "old_norm": t.old_norm,
+                    "l2": _finite(t.l2), "max_abs": _finite(t.max_abs), "rel": t.rel,
+                    "old_norm": _finite(t.old_norm),
                     "blocks_changed": t.blocks[0] if t.blocks else None,
                     "blocks": t.blocks[1] if t.blocks else None,
                     "note": t.note or None, "update_summary": t.update_summary or None,
