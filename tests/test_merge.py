@@ -165,6 +165,7 @@ def test_rules_file_picks_per_tensor_and_a_bad_line_is_one_error(repo: Path) -> 
     assert sha256(repo / M) == digest({**base, **{n: base[n] + np.float32(3) for n in "cd"}})
 
 
+@pytest.mark.slow  # test_merge_cases checks the precedence in process
 def test_git_config_strategy_and_precedence(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     base = arrays()
     branches(repo, {"d": base["d"] + np.float32(1)}, {"d": base["d"] + np.float32(3)})
