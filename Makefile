@@ -4,7 +4,8 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 PIN := -c $(CURDIR)/constraints.txt
 
-.PHONY: setup demo test lint bench bench-quick bench-large faults fuzz clean
+.PHONY: setup demo test lint bench bench-quick bench-large bench-merge bench-api bench-peft \
+	bench-finetune faults fuzz clean
 
 setup: $(VENV)/.installed
 
@@ -50,7 +51,6 @@ fuzz: setup
 
 # zipnn needs torch: install the CPU build first so pip never picks another torch.
 $(VENV)/.bench: $(VENV)/.installed
-	$(PIP) install torch==2.13.0
 	$(PIP) install $(PIN) zipnn
 	touch $@
 
@@ -63,6 +63,20 @@ bench-quick: $(VENV)/.bench
 
 bench-large: $(VENV)/.bench
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) bench/run.py --large --out docs/benchmarks-large.md
+
+# The benchmarks of the merge, API, PEFT and fine-tuning work (docs/benchmarks.md has
+# their figures); each prints git-theta beside Git LFS or mergekit on the same files.
+BENCH_RUN = PATH="$(CURDIR)/$(VENV)/bin:$$PATH" HF_HUB_OFFLINE=1 $(PY)
+bench-merge: $(VENV)/.bench
+	$(BENCH_RUN) bench/merge_strategies.py
+	$(BENCH_RUN) bench/merge.py
+bench-api: $(VENV)/.bench
+	$(BENCH_RUN) bench/api.py
+bench-peft: $(VENV)/.bench
+	$(BENCH_RUN) bench/peft.py
+bench-finetune: $(VENV)/.bench
+	$(BENCH_RUN) bench/finetune.py
+	$(BENCH_RUN) bench/run.py --add-speed --quick
 
 # Seeded fault injection (kill -9, full disk, read-only store, ...): tests/faults/run.py.
 FAULTS ?= 200
