@@ -497,19 +497,31 @@ def best_fit(
 
     word = _UNSIGNED[_size(dtype)]
     target = np.frombuffer(new, dtype=word)
-    best: tuple[int, Inputs, bytes] | None = None
+    # At most one reproduction is held at a time (memory stays new + prev + one value):
+    # the best is computed again at the end when a later candidate was tried after it.
+    best: tuple[int, Inputs] | None = None
+    last: tuple[Inputs, bytes] | None = None
     for candidate in candidates:
         for rounding in ROUNDINGS:
             inputs = candidate._replace(rounding=rounding)
+            last = None
             guess = reproduce(prev, dtype, shape, inputs)
             if guess is None or len(guess) != len(new):
                 continue
             misses = int(np.count_nonzero(np.frombuffer(guess, dtype=word) != target))
-            if best is None or misses < best[0]:
-                best = (misses, inputs, guess)
             if misses == 0:
                 return inputs, guess
-    return None if best is None else (best[1], best[2])
+            last = (inputs, guess)
+            if best is None or misses < best[0]:
+                best = (misses, inputs)
+            del guess
+    if best is None:
+        return None
+    if last is not None and last[0] == best[1]:
+        return last
+    value = reproduce(prev, dtype, shape, best[1])
+    assert value is not None  # it was computed before
+    return best[1], value
 
 
 def apply_update(
