@@ -378,3 +378,15 @@ def test_float64_values_whose_squares_overflow_have_finite_norms(repo: Path) -> 
     assert "Infinity" not in report and "NaN" not in report
     (entry,) = json.loads(report)["files"][0]["tensors"]
     assert (entry["l2"], entry["old_norm"], entry["rel"]) == (2e300, 1e300, 2.0)
+
+
+def test_git_diff_counts_a_changed_glue_as_stored(repo: Path) -> None:
+    track(repo, "*.npz")
+    for value in (2.0, 3.0):  # savez_compressed: every member is glue
+        np.savez_compressed(repo / "a.npz", w=np.full(4, value, np.float32))
+        commit(repo, "v")
+    glue = json.loads(git(repo, "show", "HEAD:a.npz").stdout)["glue"]["size"]
+    driver = git(repo, "diff", "HEAD~1", "HEAD").stdout.decode()
+    assert f"(100.00%), {glue} B new to this file\n" in driver
+    stored = theta(repo, "diff", "HEAD~1", "HEAD").stdout
+    assert f"(100.00%), {glue} B stored for the change\n" in stored

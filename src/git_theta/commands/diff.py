@@ -357,14 +357,19 @@ def diff(
     return 0
 
 
-def _driver_side(file: str, hexid: str, store: ObjectStore) -> dict[str, TensorSide]:
+def _driver_side(
+    file: str, hexid: str, store: ObjectStore
+) -> tuple[dict[str, TensorSide], set[tuple[str, int]]]:
+    """The version git gives the driver, and the objects it references (its glue too)."""
     if file == "/dev/null":
-        return {}
+        return {}, set()
     if hexid not in NULL_HEX:
         blob = git.blobs_starting_with([hexid], PREFIX).get(hexid)
         if blob is not None:
-            return from_manifest(parse(blob), store)
-    return file_side(file, store)
+            manifest = parse(blob)
+            return from_manifest(manifest, store), manifest_objects(manifest)
+    sides = file_side(file, store)
+    return sides, {o for side in sides.values() for o in side.objects}
 
 
 def diff_driver(args: list[str]) -> int:
@@ -379,9 +384,10 @@ def diff_driver(args: list[str]) -> int:
     path, old_file, old_hex, _, new_file, new_hex, _ = args[:7]
     store = Repo().store
     try:
-        report = compare(
-            path, _driver_side(old_file, old_hex, store), _driver_side(new_file, new_hex, store)
-        )
+        old, old_objects = _driver_side(old_file, old_hex, store)
+        new, new_objects = _driver_side(new_file, new_hex, store)
+        report = compare(path, old, new, None, old_objects, new_objects)
+        report.stored_scope = "file"  # it sees one file, not the version: it says so
     except LocalSetupError as exc:  # h5py missing: git diff still shows everything else
         for line in (f"diff --theta a/{path} b/{path}", f"{path}: not shown: {exc}"):
             sys.stdout.write(escape(line) + "\n")
