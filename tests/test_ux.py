@@ -212,26 +212,26 @@ def _many_tensors(repo: Path) -> None:
     git(repo, "commit", "-qam", "v2")
 
 
-@pytest.mark.parametrize(
-    "command",
-    [
-        "git theta show model.safetensors | head -1",
-        "git theta diff HEAD~1 HEAD | head -1",
-        "git show --ext-diff HEAD | head -1",
-        "git log -p | head -1",
-    ],
-)
-def test_closing_the_output_early_is_silent(repo: Path, command: str) -> None:
+PIPED = [
+    "git theta show model.safetensors | head -1",
+    "git theta diff HEAD~1 HEAD | head -1",
+    "git show --ext-diff HEAD | head -1",
+    "git log -p | head -1",
+]
+
+
+def test_closing_the_output_early_is_silent(repo: Path) -> None:
     _many_tensors(repo)
-    done = subprocess.run(
-        ["bash", "-c", f"set -o pipefail; {command}"], cwd=repo, capture_output=True, text=True
-    )
-    assert done.stderr == ""
-    assert len(done.stdout.splitlines()) == 1
-    # git itself dies of SIGPIPE (141) once its reader is gone; git-theta exits 0.
-    assert done.returncode in (0, 141)
-    if command.startswith("git theta"):
-        assert done.returncode == 0
+    for command in PIPED:
+        done = subprocess.run(
+            ["bash", "-c", f"set -o pipefail; {command}"],
+            cwd=repo, capture_output=True, text=True,
+        )  # fmt: skip
+        assert done.stderr == "", command
+        assert len(done.stdout.splitlines()) == 1, command
+        # git itself dies of SIGPIPE (141) once its reader is gone; git-theta exits 0.
+        allowed = (0,) if command.startswith("git theta") else (0, 141)
+        assert done.returncode in allowed, command
 
 
 def test_a_git_failure_survives_copy_and_pickle() -> None:
@@ -255,7 +255,8 @@ def test_every_theta_error_survives_copy_and_pickle() -> None:
     from git_theta.errors import ThetaError
 
     for info in pkgutil.walk_packages(git_theta.__path__, "git_theta."):
-        if not info.name.endswith(("__main__", "hdf5_layout")):
+        # (integrations import the ML libraries they serve; they define no errors)
+        if not info.name.endswith(("__main__", "hdf5_layout")) and ".integrations" not in info.name:
             importlib.import_module(info.name)
     seen: list[type[ThetaError]] = [ThetaError]
     for cls in seen:
