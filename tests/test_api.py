@@ -236,3 +236,27 @@ def test_predecessor_save_to_git_and_load_from_git(repo: Path) -> None:
         assert torch.equal(m1[name], value) and torch.equal(m2[name], value)
     assert not torch.equal(m11["embed.weight"], m1["embed.weight"])
     assert torch.equal(m11["embed.weight"], updated["embed.weight"])
+
+
+def test_save_through_a_symlinked_directory_stages_nothing(repo: Path, tmp_path: Path) -> None:
+    """git refuses a path beyond a symlink; so does save, written or not."""
+    from git_theta.files import UnsafeFileError
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (repo / "linkdir").symlink_to(outside)
+    for write_file in (True, False):
+        with pytest.raises(UnsafeFileError, match=r"^linkdir is a symbolic link; git-theta"):
+            git_theta.save(state(0), "linkdir/m.safetensors", write_file=write_file)
+        assert git(repo, "ls-files").stdout == b".gitattributes\n"
+    assert list(outside.iterdir()) == []
+
+
+def test_a_repository_reached_through_a_link_of_the_users(repo: Path, tmp_path: Path) -> None:
+    link = tmp_path / "link"
+    link.symlink_to(repo)
+    saved = git_theta.save(state(0), "m.safetensors", repo=link)
+    assert saved.path == "m.safetensors"
+    assert git_theta.save(state(0), link / "n.safetensors").path == "n.safetensors"
+    with git_theta.open(None, link / "m.safetensors") as ckpt:
+        assert "embed.weight" in ckpt

@@ -222,3 +222,31 @@ def test_predecessor_low_rank_end_to_end(repo: Path) -> None:
     assert torch.equal(
         torch.load(repo / "model.pt", weights_only=True)["fc.bias"], first["fc.bias"]
     )
+
+
+def test_a_symlinked_directory_is_refused_before_anything_is_staged(
+    repo: Path, tmp_path: Path
+) -> None:
+    """A directory of the work tree replaced by a link to elsewhere: the file behind it is
+    neither read into the index nor rewritten; the index stays as it was."""
+    import shutil
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    save_file({"w": np.arange(6, dtype=np.float32)}, str(outside / "m.safetensors"))
+    before = sha256(outside / "m.safetensors")
+    (repo / "d").mkdir()
+    save_file({"w": np.arange(6, dtype=np.float32)}, str(repo / "d" / "m.safetensors"))
+    git(repo, "add", "d/m.safetensors")
+    git(repo, "commit", "-q", "-m", "v0")
+    index = (repo / ".git" / "index").read_bytes()
+    shutil.rmtree(repo / "d")
+    (repo / "d").symlink_to(outside)
+    data = tmp_path / "u.safetensors"
+    save_file({"w/data": np.ones(1, np.float32), "w/indices": np.array([1])}, str(data))
+    args = ["add", "d/m.safetensors", "--update-type", "sparse", "--update-data", str(data)]
+    assert main(args) == 1
+    assert git(repo, "diff", "--cached", "--name-only").stdout == b""
+    assert (repo / ".git" / "index").read_bytes() == index
+    assert sha256(outside / "m.safetensors") == before
+    assert sorted(p.name for p in outside.iterdir()) == ["m.safetensors"]

@@ -22,7 +22,7 @@ import zlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
 
-from git_theta.errors import CheckpointError, ThetaError, UsageError
+from git_theta.errors import CheckpointError, UsageError
 
 if TYPE_CHECKING:
     from git_theta.api._stage import Where
@@ -301,9 +301,10 @@ def _copy_range(fh: BinaryIO, start: int, end: int) -> Iterator[bytes]:
 class _IterSource:
     """clean's ``Source`` over an iterator of pieces."""
 
-    def __init__(self, pieces: Iterator[bytes]):
+    def __init__(self, pieces: Iterator[bytes], tee: BinaryIO | None = None):
         self._pieces = pieces
         self._left = memoryview(b"")
+        self._tee = tee  # receives every piece as it is taken
 
     def readinto(self, out: memoryview) -> int:
         done = 0
@@ -312,6 +313,8 @@ class _IterSource:
                 piece = next(self._pieces, None)
                 if piece is None:
                     break
+                if self._tee is not None:
+                    self._tee.write(piece)
                 self._left = memoryview(piece)
             n = min(len(self._left), len(out) - done)
             out[done : done + n] = self._left[:n]
@@ -383,23 +386,25 @@ def _add_one(repo: Repo, where: Where, shown: str, update_type: str, data_path: 
     rewrite = Rewrite(where.full, spans, new)
     if new and _is_zip(where.full):
         rewrite.fix_zip_crcs()
+    import contextlib
+
     from git_theta.api._stage import (
         clean_to_manifest,
         install_hooks_quietly,
         refresh,
         stage_manifest,
     )
+    from git_theta.files import AtomicWriter
 
-    manifest = clean_to_manifest(repo, where, _IterSource(rewrite.pieces()), lambda _: plugin)
-    stage_manifest(where, manifest)
-    if new:
-        from git_theta.files import atomic_write
-
-        try:
-            atomic_write(where.full, rewrite.pieces(), within=where.top)
-        except ThetaError as exc:
-            exc.add_note(f"{shown} is staged with the update, but its file was not rewritten")
-            raise
+    # The new file is written (to a temporary beside PATH) from the very stream cleaned,
+    # and renamed in only once the manifest is staged: a failure before changes nothing.
+    with contextlib.ExitStack() as stack:
+        out = stack.enter_context(AtomicWriter(where.full, within=where.top)) if new else None
+        source = _IterSource(rewrite.pieces(), out)
+        manifest = clean_to_manifest(repo, where, source, lambda _: plugin)
+        while source.read(_CHUNK):  # the whole file reaches the temporary, whatever clean read
+            pass
+        stage_manifest(where, manifest)
     refresh(where)
     install_hooks_quietly(where.top)
     said = f"git-theta: {shown}: applied the {update_type} update from {data_path} to "

@@ -29,9 +29,15 @@ class Where:
         base = os.path.abspath(os.fspath(repo))
         if not git.inside_work_tree(base):
             raise UsageError(f"{base} is not inside a git work tree (run `git init` there first)")
-        self.top = str(git.toplevel(base))
-        full = os.path.normpath(os.path.join(base, os.fspath(path)))
+        self.top = str(git.toplevel(base))  # git gives it with every link resolved
+        # The user's own links to the repository (repo=, an absolute path through one)
+        # are theirs to follow; links inside the work tree are refused by require_tracked.
+        full = os.path.normpath(os.path.join(os.path.realpath(base), os.fspath(path)))
         rel = os.path.relpath(full, self.top)
+        if rel.startswith(".." + os.sep) and os.path.isabs(os.fspath(path)):
+            head, name = os.path.split(full)
+            full = os.path.join(os.path.realpath(head), name)
+            rel = os.path.relpath(full, self.top)
         if rel == "." or rel.startswith(".." + os.sep) or rel == "..":
             raise UsageError(f"{os.fspath(path)} is outside the repository at {self.top}")
         self.path = rel.replace(os.sep, "/")
@@ -44,12 +50,36 @@ def is_tracked(where: Where) -> bool:
     return out.decode(errors="replace").rstrip("\n").endswith(": filter: theta")
 
 
+def require_no_links(where: Where) -> None:
+    """Raise UnsafeFileError when a directory on the way from the work tree's top to
+    ``where`` is a symlink: git does not add a path beyond one, and what lies behind it
+    may be outside the repository (read, or written, there). Missing ones are fine."""
+    import stat
+
+    from git_theta.files import UnsafeFileError
+
+    here = where.top
+    for part in where.path.split("/")[:-1]:
+        here = os.path.join(here, part)
+        try:
+            st = os.lstat(here)
+        except FileNotFoundError:
+            return
+        if stat.S_ISLNK(st.st_mode):
+            raise UnsafeFileError(
+                f"{os.path.relpath(here, where.top)} is a symbolic link; git-theta does not "
+                f"save {where.path} through it (replace it with a directory, or move it aside)"
+            )
+
+
 def require_tracked(where: Where) -> None:
-    """Raise NotSetUpError when the filter is not configured, NotTrackedError when the path
-    is not tracked: the checks ``git theta add`` makes, as one line each."""
+    """Raise NotSetUpError when the filter is not configured, UnsafeFileError when the path
+    goes through a symlinked directory, NotTrackedError when the path is not tracked: the
+    checks ``git theta add`` makes, as one line each."""
     from git_theta.setup_check import require_filter
 
     require_filter(where.top)
+    require_no_links(where)
     if not is_tracked(where):
         raise NotTrackedError(
             f"{where.path} is not tracked by git-theta: run `git theta track {where.path}` first"
