@@ -26,6 +26,9 @@ if TYPE_CHECKING:
     from git_theta.updates.base import UpdateType
 
 _PEEK = SNIFF_MAX
+# Other files' entries with a tensor's bytes tried per tensor: a hostile index or HEAD
+# may list thousands claiming a common value's hash; an honest one verifies first time.
+IDENTITY_TRIES = 4
 _STEP = 64 << 20  # steps for a tensor too large to reserve at once
 
 
@@ -210,21 +213,26 @@ def _clean_spans(
         # deleted store) is stored again from the file rather than committed broken.
         return chain is not None and all(store.has(link.ref) for link in chain)
 
-    def verify(cand: Candidate) -> bool:
-        """Whether the entry rebuilds to its recorded hash from local objects."""
-        try:
-            codec.recycle(chains.rebuild(cand.name, cand.entry, store))
-        except ThetaError:
-            return False
-        return True
-
-    def from_elsewhere(digest: str, span: TensorSpan, own: bool) -> tuple[Link, ...] | None:
+    def from_elsewhere(digest: str, job: _Job, own: bool) -> tuple[Link, ...] | None:
         """A chain of another known file holding exactly these bytes, checked. The index
         and HEAD are read for it only when the path's own manifest lacks the name (a
-        moved tensor, a new file): an in-place change rarely matches another file."""
+        moved tensor, a new file): an in-place change rarely matches another file. At
+        most IDENTITY_TRIES candidates are looked at, each rebuilt within the tensor's
+        size: entries that lie cost a bounded rebuild, then only storage."""
         if known is None:
             return None
-        for cand in known.same_content(digest, span.dtype, path, load=not own):
+        size = len(job.data)
+
+        def verify(cand: Candidate) -> bool:
+            """Whether the entry rebuilds to its recorded hash from local objects."""
+            try:
+                codec.recycle(chains.rebuild(cand.name, cand.entry, store, limit=size))
+            except ThetaError:
+                return False
+            return True
+
+        cands = known.same_content(digest, job.span.dtype, size, path, load=not own)
+        for cand in cands[:IDENTITY_TRIES]:
             if reusable(cand.entry.chain) and known.checked(cand, verify):
                 return cand.entry.chain
         return None
@@ -245,7 +253,7 @@ def _clean_spans(
         else:
             chain = reuse.get((digest, span.dtype))
             if not reusable(chain):
-                chain = from_elsewhere(digest, span, prev is not None)
+                chain = from_elsewhere(digest, job, prev is not None)
         if not reusable(chain):
             if prev is None and known is not None:
                 # Moved and changed: a change against its value in the file it left.

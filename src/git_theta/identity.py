@@ -63,6 +63,7 @@ class Known:
         self._by_hash: dict[tuple[str, str], list[tuple[int, str, str]]] = {}
         self._by_name: dict[str, list[tuple[int, str]]] = {}
         self._verified: set[tuple[str, tuple[Link, ...]]] = set()
+        self._refused: set[tuple[str, tuple[Link, ...]]] = set()  # checked and wrong
 
     def _ensure(self, path: str) -> None:
         with self._lock:
@@ -108,17 +109,25 @@ class Known:
         return out
 
     def same_content(
-        self, digest: str, dtype: str, path: str, load: bool = True
+        self, digest: str, dtype: str, nbytes: int, path: str, load: bool = True
     ) -> list[Candidate]:
-        """Return the known entries holding exactly these bytes (blake3 ``digest``,
-        ``dtype``), preferred first; the index and HEAD are read first if ``load``."""
+        """Return the known entries holding exactly these ``nbytes`` bytes (blake3
+        ``digest``, ``dtype``), preferred first; the index and HEAD are read first if
+        ``load``. An entry whose shape says another size cannot hold them: a committed
+        manifest may claim a common hash (a zero bias) with a huge shape, and rebuilding
+        that to check it would cost what the shape says."""
         if load:
             self._ensure(path)
         with self._lock:
             found = dict.fromkeys(self._by_hash.get((digest, dtype), ()))
             cands = self._candidates(found, posixpath.dirname(path), path)
         # A path written twice keeps its first tensors' keys: check what they hold now.
-        return [c for c in cands if (c.entry.hash, c.entry.dtype) == (digest, dtype)]
+        return [
+            c
+            for c in cands
+            if (c.entry.hash, c.entry.dtype) == (digest, dtype)
+            and tensor_nbytes(dtype, c.entry.shape) in (nbytes, None)
+        ]
 
     def previous(
         self, name: str, dtype: str, shape: tuple[int, ...], path: str
@@ -140,15 +149,16 @@ class Known:
 
     def checked(self, cand: Candidate, verify: Callable[[Candidate], bool]) -> bool:
         """Whether ``cand``'s chain may be reused: trusted, checked before in this
-        process, or ``verify()`` (rebuilds it and compares its hash) says so now."""
+        process, or ``verify()`` (rebuilds it and compares its hash) says so now; an
+        answer is remembered for the process either way."""
         if cand.trusted:
             return True
         key = (cand.entry.hash, cand.entry.chain)
         with self._lock:
-            if key in self._verified:
-                return True
-        if not verify(cand):
-            return False
+            if key in self._verified or key in self._refused:
+                return key in self._verified
+        ok = verify(cand)
         with self._lock:
-            self._verified.add(key)
-        return True
+            # A lying entry is rebuilt once per process, not once per tensor it matches.
+            (self._verified if ok else self._refused).add(key)
+        return ok
