@@ -390,3 +390,25 @@ def test_git_diff_counts_a_changed_glue_as_stored(repo: Path) -> None:
     assert f"(100.00%), {glue} B new to this file\n" in driver
     stored = theta(repo, "diff", "HEAD~1", "HEAD").stdout
     assert f"(100.00%), {glue} B stored for the change\n" in stored
+
+
+def test_an_npz_whose_glue_cannot_be_had_is_not_shown_as_removed_members(repo: Path) -> None:
+    import subprocess
+
+    from git_theta.store import ObjectStore
+
+    track(repo, "*.npz")
+    for value in (2.0, 3.0):
+        np.savez_compressed(repo / "a.npz", w=np.full(4, value, np.float32))
+        commit(repo, "v")
+    oid = json.loads(git(repo, "show", "HEAD:a.npz").stdout)["glue"]["oid"]
+    Path(ObjectStore(repo / ".git" / "lfs").path(oid)).unlink()  # and there is no remote
+    done = subprocess.run(
+        ["git", "theta", "diff", "HEAD~1", "HEAD"], cwd=repo, capture_output=True, text=True
+    )
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == (
+        f"git-theta: error: a.npz: object {oid} (the file's header, which holds its "
+        "compressed arrays) is not local and could not be downloaded: run `git theta "
+        "fetch` with a Git LFS remote that has it\n"
+    )

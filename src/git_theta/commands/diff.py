@@ -324,6 +324,12 @@ def diff(
                 # Its compressed members are in the glue: without it they would show as
                 # added or removed. Objects the remote lacks stay missing (as fetch says).
                 repo.downloader.fetch([manifest.glue.ref])
+                if not store.has(manifest.glue.ref):  # else its members would show removed
+                    raise ObjectMissingError(
+                        f"{path}: object {manifest.glue.ref.oid} (the file's header, which "
+                        "holds its compressed arrays) is not local and could not be "
+                        "downloaded: run `git theta fetch` with a Git LFS remote that has it"
+                    )
             return from_manifest(manifest, store)
         return lfs_side(f"{rev}:{path}", repo) or {}  # an LFS version of a tracked path
 
