@@ -260,3 +260,26 @@ def test_a_repository_reached_through_a_link_of_the_users(repo: Path, tmp_path: 
     assert git_theta.save(state(0), link / "n.safetensors").path == "n.safetensors"
     with git_theta.open(None, link / "m.safetensors") as ckpt:
         assert "embed.weight" in ckpt
+
+
+def test_reading_tensor_by_tensor_counts_towards_one_expansion_cap(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A version whose tensors are tiny objects that decompress to a lot (a hostile
+    repository's bomb) is refused by ``ckpt[name]`` in a loop as by ``to_dict``: the cap
+    counts what one opened version rebuilds, not each tensor afresh."""
+    from git_theta import smudge
+
+    zeros = {f"t{i}": np.zeros(1 << 18, np.float32) for i in range(4)}  # 1 MiB each
+    git_theta.save(zeros, "m.safetensors", message="zeros")
+    monkeypatch.setattr(smudge, "EXPANSION_FLOOR", 5 << 19)  # 2.5 MiB
+    with git_theta.open("HEAD", "m.safetensors") as ckpt:
+        with pytest.raises(smudge.ExpansionError):
+            ckpt.to_dict()
+        got = []
+        with pytest.raises(smudge.ExpansionError, match=r"^3,145,728 bytes would be rebuilt"):
+            for name in ckpt:
+                got.append(name)
+                assert not ckpt[name].any()
+                assert not ckpt[name].any()  # the same tensor again is not counted twice
+    assert got == ["t0", "t1", "t2"]
