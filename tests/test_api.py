@@ -283,3 +283,24 @@ def test_reading_tensor_by_tensor_counts_towards_one_expansion_cap(
                 assert not ckpt[name].any()
                 assert not ckpt[name].any()  # the same tensor again is not counted twice
     assert got == ["t0", "t1", "t2"]
+
+
+def test_one_line_errors_for_a_missing_revision_and_an_invalid_name(repo: Path) -> None:
+    git_theta.save(state(0), "m.safetensors", message="v0")
+    with pytest.raises(UsageError, match=r"^revision 'nope' does not exist \(a commit"):
+        git_theta.open("nope", "m.safetensors")
+    with pytest.raises(UsageError, match=r"^revision '--help' does not exist"):
+        git_theta.open("--help", "m.safetensors")
+    with pytest.raises(UsageError, match=r"^x.safetensors is not in revision 'HEAD'$"):
+        git_theta.open("HEAD", "x.safetensors")
+    with pytest.raises(UsageError, match=r"^safetensors names are UTF-8; .* is not valid Unicode"):
+        git_theta.save({"a\ud800": np.ones(2, np.float32)}, "m.safetensors")
+
+
+def test_conjugate_and_negative_views_are_stored_as_their_values(repo: Path) -> None:
+    values = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
+    saved = {"conj": values.conj(), "neg": values.conj().imag}
+    git_theta.save(saved, "m.safetensors")
+    with git_theta.open(None, "m.safetensors") as ckpt:
+        assert torch.equal(ckpt.torch("conj"), values.conj().resolve_conj())
+        assert torch.equal(ckpt.torch("neg"), torch.tensor([-2.0, 4.0]))

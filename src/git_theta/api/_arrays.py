@@ -81,7 +81,8 @@ def raw(value: Any, name: str) -> RawTensor:
         dtype = _TORCH_NAMES.get(key)
         if dtype is None:
             raise UsageError(f"tensor {name!r}: torch dtype {key} is not one git-theta stores")
-        t = value.detach().to("cpu").contiguous()
+        # conj and neg views are lazy flags over the same memory: resolve them first
+        t = value.detach().to("cpu").resolve_conj().resolve_neg().contiguous()
         shape = tuple(int(d) for d in t.shape)
         if t.numel() == 0:
             return RawTensor(dtype, shape, memoryview(b""), None)

@@ -150,7 +150,11 @@ def safetensors_parts(
         end = offset + len(t.data)
         header[name] = {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": [offset, end]}
         offset += len(t.data)
-    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    try:
+        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    except UnicodeEncodeError as exc:  # a lone surrogate: UTF-8 cannot hold it
+        bad = exc.object[max(exc.start - 20, 0) : exc.end + 20]
+        raise UsageError(f"safetensors names are UTF-8; {bad!r} is not valid Unicode") from None
     text += b" " * (-len(text) % 8)  # the data starts 8-aligned, as safetensors writes it
     head = len(text).to_bytes(8, "little") + text
     parts = [memoryview(head)] + [tensors[n].data for n in order]
