@@ -90,3 +90,43 @@ def test_a_hostile_entry_claiming_a_common_hash_with_a_huge_shape_costs_nothing(
     (repo / "mine.safetensors").unlink()
     git(repo, "checkout", "--", "mine.safetensors")
     assert sha256(repo / "mine.safetensors") == sha
+
+
+def test_a_hostile_staged_manifest_of_the_same_path_costs_nothing_and_loses_nothing(
+    repo: Path,
+) -> None:
+    """A clone's index holds the committed manifest of the path the user then overwrites
+    and adds. An entry whose shape disagrees with the user's tensor is neither reused for
+    equal bytes (its chain cannot give them: the user's commit would not check out) nor
+    rebuilt as a previous value (it would inflate to what the shape says)."""
+    from git_theta.repo import Repo
+
+    rng = np.random.default_rng(2)
+    theirs = {"z": np.zeros(64, np.float32), "w": rng.standard_normal((64, 64)).astype(np.float32)}
+    (repo / "mine.safetensors").write_bytes(st_from_arrays(theirs))
+    git(repo, "add", "mine.safetensors")
+    hostile = json.loads(git(repo, "show", ":mine.safetensors").stdout)
+    ref = Repo(str(repo)).store.put(_bomb_object(BOMB_BYTES))
+    bomb = [{"update": "dense", "codec": "gtho1", "oid": ref.oid, "size": ref.size}]
+    for name, value in theirs.items():
+        entry = hostile["tensors"][name]
+        entry["shape"] = [BOMB_BYTES // 4]
+        entry["chain"] = bomb
+        hostile["size"] += BOMB_BYTES - value.nbytes
+    data = json.dumps(hostile, indent=1).encode() + b"\n"
+    from git_theta.manifest import parse
+
+    parse(data)
+    oid = git(repo, "hash-object", "-w", "--stdin", stdin=data).stdout.decode().strip()
+    git(repo, "update-index", "--cacheinfo", f"100644,{oid},mine.safetensors")
+    git(repo, "commit", "-q", "-m", "hostile")
+    # The user's own file at that path: the same zero bias, another weight.
+    mine = {"z": np.zeros(64, np.float32), "w": rng.standard_normal((64, 64)).astype(np.float32)}
+    (repo / "mine.safetensors").write_bytes(st_from_arrays(mine))
+    sha = sha256(repo / "mine.safetensors")
+    peak = _peak_rss_mb(repo, "add", "mine.safetensors")
+    assert peak < 200, f"an add of a 17 kB file peaked at {peak:.0f} MB"
+    git(repo, "commit", "-q", "-m", "mine")
+    (repo / "mine.safetensors").unlink()
+    git(repo, "checkout", "--", "mine.safetensors")
+    assert sha256(repo / "mine.safetensors") == sha

@@ -15,7 +15,7 @@ from git_theta.content import content_hash
 from git_theta.errors import CheckpointError, ThetaError
 from git_theta.formats import detect, file_spans, header_spans
 from git_theta.formats.base import SNIFF_MAX, TensorSpan
-from git_theta.manifest import Glue, Link, Manifest, TensorEntry, is_manifest
+from git_theta.manifest import Glue, Link, Manifest, TensorEntry, is_manifest, tensor_nbytes
 from git_theta.parallel import ordered_map
 from git_theta.progress import Progress
 from git_theta.protocol.filter_process import Sink, Source
@@ -194,10 +194,16 @@ def _clean_spans(
 
     if glue:
         layout.append(len(glue))
-    reuse: dict[tuple[str, str], tuple[Link, ...]] = {}
+    reuse: dict[tuple[str, str, int | None], tuple[Link, ...]] = {}
     if previous is not None:
         for entry in previous.tensors.values():
-            reuse[(entry.hash, entry.dtype)] = entry.chain
+            reuse[(entry.hash, entry.dtype, tensor_nbytes(entry.dtype, entry.shape))] = entry.chain
+
+    def holds(entry: TensorEntry, size: int) -> bool:
+        # Equal bytes have equal sizes: a staged entry (a clone's committed manifest, so
+        # possibly hostile) whose shape says another size is never reused or rebuilt; its
+        # chain could not give these bytes, and rebuilding it would cost what it claims.
+        return tensor_nbytes(entry.dtype, entry.shape) in (size, None)
 
     total = spans[-1].end if spans else reader.offset
     progress = Progress(f"adding {path}", total, len(spans), show_progress)
@@ -245,13 +251,16 @@ def _clean_spans(
         # then any staged tensor with these bytes (a rename, a tied copy); then the other
         # files of the checkpoint set (a re-shard, .bin beside .safetensors).
         merge = None
+        size = len(job.data)
+        if prev is not None and not holds(prev, size):
+            prev = None
         if prev is not None and (prev.hash, prev.dtype) == (digest, span.dtype):
             chain: tuple[Link, ...] | None = prev.chain
             # A merged value keeps the record of how it was merged while it is unchanged,
             # or re-adding the merge result would show the file modified.
             merge = prev.merge if prev.shape == span.shape else None
         else:
-            chain = reuse.get((digest, span.dtype))
+            chain = reuse.get((digest, span.dtype, size)) or reuse.get((digest, span.dtype, None))
             if not reusable(chain):
                 chain = from_elsewhere(digest, job, prev is not None)
         if not reusable(chain):
@@ -262,7 +271,7 @@ def _clean_spans(
             def load_previous() -> bytearray | None:
                 assert prev is not None
                 try:
-                    return chains.rebuild(span.name, prev, store)
+                    return chains.rebuild(span.name, prev, store, limit=size)
                 except ThetaError:
                     return None  # objects not local (or lying): store a dense value
 
