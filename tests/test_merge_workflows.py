@@ -24,6 +24,12 @@ def write(repo: Path, values: dict[str, np.ndarray], name: str = M) -> None:
         buf = io.BytesIO()
         np.save(buf, values["a"])
         (repo / name).write_bytes(buf.getvalue())
+    elif name.endswith(".npz"):  # stored members, as np.savez writes them
+        np.savez(repo / name, **values)
+    elif name.endswith(".bin"):
+        import torch
+
+        torch.save({k: torch.from_numpy(v.copy()) for k, v in values.items()}, repo / name)
     else:
         (repo / name).write_bytes(st_from_arrays(values))
 
@@ -62,6 +68,13 @@ def check(values: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
 def load(path: Path) -> dict[str, np.ndarray]:
     if path.name.endswith(".npy"):
         return {"a": np.load(path)}
+    if path.name.endswith(".npz"):
+        with np.load(path) as got:  # reading a member checks its CRC-32
+            return {k: got[k] for k in got.files}
+    if path.name.endswith(".bin"):
+        import torch
+
+        return {k: v.numpy() for k, v in torch.load(path, weights_only=True).items()}
     from safetensors.numpy import load_file
 
     return load_file(str(path))
@@ -144,4 +157,44 @@ def test_a_stopped_rebase_or_cherry_pick_is_resolved_with_git_theta_merge(
     assert main(["merge", "--strategy", "average", M]) == 0
     git(repo, "-c", "core.editor=true", how, "--continue")
     check(load(repo / M), expected(base))
+    assert git(repo, "status", "--porcelain").stdout == b""
+
+
+def zip_members_read_whole(path: Path) -> None:
+    """Every member's CRC-32 matches its bytes (zipfile checks it on a full read)."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        assert z.testzip() is None
+
+
+@pytest.mark.parametrize("name", ["m.npz", "m.bin"])
+def test_zip_checkpoints_merge_a_tensor_both_sides_changed(
+    repo: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    # Each member's CRC-32 lies in the header: both sides' headers differ, in it only.
+    track(repo, "*" + name[1:])
+    base, _, _ = two_sides(repo, name)
+    monkeypatch.setenv("GIT_THETA_MERGE_STRATEGY", "average")
+    git(repo, "merge", "-q", "--no-edit", "left")
+    zip_members_read_whole(repo / name)
+    check(load(repo / name), expected(base))
+    assert git(repo, "status", "--porcelain").stdout == b""
+
+
+@pytest.mark.parametrize("name", ["m.npz", "m.bin"])
+def test_zip_checkpoints_merge_disjoint_changes_with_no_strategy(repo: Path, name: str) -> None:
+    track(repo, "*" + name[1:])
+    base = arrays()
+    commit(repo, base, "base", name)
+    git(repo, "checkout", "-q", "-b", "left")
+    commit(repo, {**base, "b": base["b"] + np.float32(1)}, "left", name)
+    git(repo, "checkout", "-q", "main")
+    commit(repo, {**base, "c": base["c"] * np.float32(2)}, "right", name)
+    git(repo, "merge", "-q", "--no-edit", "left")
+    zip_members_read_whole(repo / name)
+    want = {**base, "b": base["b"] + np.float32(1), "c": base["c"] * np.float32(2)}
+    got = load(repo / name)
+    for key, value in want.items():
+        np.testing.assert_array_equal(got[key], value, err_msg=key)
     assert git(repo, "status", "--porcelain").stdout == b""

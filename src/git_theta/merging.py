@@ -26,6 +26,7 @@ from git_theta.manifest import Manifest, MergeRecord, TensorEntry, tensor_nbytes
 if TYPE_CHECKING:
     import numpy as np
 
+    from git_theta.formats.zip_glue import Piece, ZipGlue
     from git_theta.merges.base import MergeStrategy, TensorMerge
     from git_theta.store import ObjectRef, ObjectStore
 
@@ -149,6 +150,7 @@ class _Tensors:
         self.values = values
         self.rule = rule
         self.ask = ask
+        self.crcs: dict[str, int] | None = None  # merged tensors' CRC-32 (zip formats)
 
     def fetch(self, entries: Iterable[TensorEntry | None]) -> None:
         """Download, in one batch, every object of ``entries`` that is not local."""
@@ -220,6 +222,10 @@ class _Tensors:
         from git_theta.content import content_hash
 
         data = np.ascontiguousarray(merged.data).reshape(-1).view(np.uint8).data
+        if self.crcs is not None:
+            import zlib
+
+            self.crcs[name] = zlib.crc32(data)
         chain = chains.store_value(
             data,
             ours.dtype,
@@ -298,6 +304,12 @@ def merge3(
     t_frame = (theirs.format, theirs.size, theirs.glue, theirs.layout)
     frame, clean = _pick(b_frame, o_frame, t_frame)
     frame_side = theirs if frame == t_frame and frame != o_frame else ours
+    zip_crcs: _ZipFix | None = None
+    if not clean and values is not None and ours.format in _zip_formats():
+        zip_crcs = _ZipFix.pick(base, ours, theirs, values)
+        if zip_crcs is not None:
+            frame_side, clean = zip_crcs.side, True
+            frame = (frame_side.format, frame_side.size, frame_side.glue, frame_side.layout)
     if not clean:
         side = side_of(_strategy(whole_file.strategy)) if whole_file is not None else None
         if side is not None and (side != 0 or base is not None):
@@ -314,6 +326,8 @@ def merge3(
     name_set = set(names)
 
     merger = _Tensors(values, rule, ask) if values is not None else None
+    if merger is not None and zip_crcs is not None:
+        merger.crcs = {}
     _merge_both(merger, both, b_tensors, ours, theirs, tensors, result, size)
 
     # Every tensor the chosen header names must be there, with the dtype and shape it says.
@@ -331,9 +345,92 @@ def merge3(
             if fallback is not None:
                 tensors[name] = fallback
     merged = Manifest(fmt, size, glue, layout, {n: e for n, e in tensors.items() if n in name_set})
+    if zip_crcs is not None and merger is not None:
+        merged = zip_crcs.fixed(merged, merger)
     result.manifest = merged
     result.records = {n: r for n, r in result.records.items() if n in merged.tensors}
     return result
+
+
+def _zip_formats() -> frozenset[str]:
+    from git_theta.formats.zip_glue import ZIP_FORMATS
+
+    return ZIP_FORMATS
+
+
+class _ZipFix:
+    """A zip-based file whose sides' headers differ only in members' CRC-32 fields (and
+    per-save identifiers): the header of the side the one-side rule picks once those are
+    set aside, with every CRC-32 set for the merged tensors."""
+
+    def __init__(self, side: Manifest, glue: ZipGlue, known: list[dict[tuple[Piece, ...], int]]):
+        self.side = side
+        self.glue = glue
+        self.known = known
+
+    @classmethod
+    def pick(
+        cls, base: Manifest | None, ours: Manifest, theirs: Manifest, values: Values
+    ) -> _ZipFix | None:
+        """The fix, or None when the headers differ otherwise on both sides (or cannot
+        be read as zip records from the glue alone)."""
+        from git_theta.errors import CheckpointError
+        from git_theta.formats.zip_glue import ZipGlue
+        from git_theta.smudge import read_glue
+
+        sides = [m for m in (base, ours, theirs) if m is not None]
+        if any(m.format != ours.format for m in sides):
+            return None
+        missing = [m.glue.ref for m in sides if not values.store.has(m.glue.ref)]
+        if missing and values.fetch is not None:
+            values.fetch(missing)
+        try:
+            zips = [
+                ZipGlue(
+                    bytes(read_glue(m, values.store)),
+                    m.layout,
+                    {n: tensor_nbytes(e.dtype, e.shape) for n, e in m.tensors.items()},
+                )
+                for m in sides
+            ]
+        except CheckpointError:
+            return None
+        frames = [(m.size, z.normalized(), m.layout) for m, z in zip(sides, zips, strict=True)]
+        b_frame, o_frame, t_frame = [None, *frames] if base is None else frames
+        frame, clean = _pick(b_frame, o_frame, t_frame)
+        if not clean:
+            return None
+        at = 1 if frame == o_frame else 2
+        at -= base is None
+        known = []
+        for m, z in zip(sides, zips, strict=True):
+            known.append(z.crcs({n: e.hash for n, e in m.tensors.items()}))
+        return cls(sides[at], zips[at], known)
+
+    def fixed(self, merged: Manifest, merger: _Tensors) -> Manifest:
+        """``merged`` with its glue's CRC-32 fields set for its tensors (a tensor neither
+        side's header covers is decoded once for its CRC, unless the merge computed it)."""
+        import zlib
+
+        from git_theta import chains, codec
+        from git_theta.content import content_hash
+        from git_theta.manifest import Glue
+
+        store = merger.values.store
+
+        def tensor_crc(name: str) -> int:
+            if merger.crcs is not None and name in merger.crcs:
+                return merger.crcs[name]
+            return zlib.crc32(chains.rebuild(name, merged.tensors[name], store))
+
+        hashes = {n: e.hash for n, e in merged.tensors.items()}
+        if any(isinstance(i, str) and i not in hashes for i in merged.layout):
+            return merged  # a conflict (the header names a tensor the merge lacks)
+        glue = self.glue.with_crcs(hashes, self.known, tensor_crc)
+        if glue == self.glue.glue:
+            return merged
+        ref = store.put(codec.encode(glue, level=9))
+        return merged._replace(glue=Glue(content_hash(glue), ref))
 
 
 def _structural_reason(b: TensorEntry | None, o: TensorEntry | None, t: TensorEntry | None) -> str:

@@ -190,49 +190,6 @@ def factored_updates(data_path: str, update_type: str) -> tuple[UpdateType, Call
 # --- the rewritten file --------------------------------------------------------------
 
 
-class _Zip(NamedTuple):
-    """Where a stored zip member's CRC-32 is recorded, and its data."""
-
-    crc_at: tuple[int, ...]
-    start: int
-    end: int
-
-
-def _zip_members(fh: BinaryIO, size: int) -> list[_Zip]:
-    """Every member's data range and the offsets of its CRC-32 fields (local header,
-    central directory, data descriptor), so a rewritten member stays a valid zip."""
-    from git_theta.formats.zip_index import _zip64_fields, zip_data_start
-
-    tail_len = min(size, 65536 + 22)
-    fh.seek(size - tail_len)
-    tail = fh.read(tail_len)
-    at = tail.rfind(b"PK\x05\x06")
-    count, cd_size, cd_offset = struct.unpack_from("<HII", tail, at + 10)
-    if at >= 20 and tail[at - 20 : at - 16] == b"PK\x06\x07":
-        (eocd64,) = struct.unpack_from("<Q", tail, at - 20 + 8)
-        fh.seek(eocd64)
-        count, cd_size, cd_offset = struct.unpack_from("<QQQ", fh.read(56), 32)
-    fh.seek(cd_offset)
-    directory = fh.read(cd_size)
-    out = []
-    pos = 0
-    for _ in range(count):
-        flags, csize, usize, n_name, n_extra, n_comment = struct.unpack_from(
-            "<H10xIIHHH", directory, pos + 8
-        )
-        (offset,) = struct.unpack_from("<I", directory, pos + 42)
-        extra = directory[pos + 46 + n_name : pos + 46 + n_name + n_extra]
-        csize, offset = _zip64_fields(extra, csize, usize, offset)
-        start = zip_data_start(fh, offset, size)
-        crc_at = [offset + 14, cd_offset + pos + 16]
-        if flags & 8:  # a data descriptor after the data, with or without its signature
-            fh.seek(start + csize)
-            crc_at.append(start + csize + (4 if fh.read(4) == b"PK\x07\x08" else 0))
-        out.append(_Zip(tuple(crc_at), start, start + csize))
-        pos += 46 + n_name + n_extra + n_comment
-    return out
-
-
 _Bytes = bytes | Callable[[], bytes]  # given, or made when the stream reaches them
 
 
@@ -252,9 +209,10 @@ class Rewrite:
     def fix_zip_crcs(self) -> None:
         """Record the new CRC-32 of every zip member holding a replaced tensor."""
         from git_theta.files import open_regular
+        from git_theta.formats.zip_glue import crc_fields
 
         with open_regular(self.path) as fh:
-            members = _zip_members(fh, self.size)
+            members = crc_fields(fh, self.size)
         for member in members:
             inside = [r for r in self._replace if member.start <= r[0] and r[1] <= member.end]
             if not inside:
