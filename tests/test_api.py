@@ -304,3 +304,18 @@ def test_conjugate_and_negative_views_are_stored_as_their_values(repo: Path) -> 
     with git_theta.open(None, "m.safetensors") as ckpt:
         assert torch.equal(ckpt.torch("conj"), values.conj().resolve_conj())
         assert torch.equal(ckpt.torch("neg"), torch.tensor([-2.0, 4.0]))
+
+
+def test_zero_dimensional_arrays_keep_their_shape(repo: Path, tmp_path: Path) -> None:
+    """A NumPy or JAX scalar (a step counter, a temperature) is a 0-d tensor, written as
+    safetensors' own writer writes it: shape [], not [1]."""
+    from safetensors.numpy import save_file
+
+    jnp = pytest.importorskip("jax.numpy")
+    scalars = {"n": np.float32(2.0), "a": np.array(7, dtype=np.int64), "j": jnp.float32(1.5)}
+    git_theta.save(scalars, "m.safetensors", write_file=True)
+    save_file({k: np.asarray(v) for k, v in scalars.items()}, str(tmp_path / "ref.safetensors"))
+    assert sha256(repo / "m.safetensors") == sha256(tmp_path / "ref.safetensors")
+    with git_theta.open(None, "m.safetensors") as ckpt:
+        assert ckpt.shapes == {"a": (), "j": (), "n": ()}
+        assert ckpt["j"].shape == () and float(ckpt["j"]) == 1.5

@@ -103,8 +103,8 @@ def raw(value: Any, name: str) -> RawTensor:
         raise UsageError(f"tensor {name!r}: NumPy dtype {array.dtype} is not one git-theta stores")
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
+    shape = tuple(int(d) for d in array.shape)  # before: ascontiguousarray makes 0-d 1-d
     array = np.ascontiguousarray(array)
-    shape = tuple(int(d) for d in array.shape)
     as_bytes: Any = array.reshape(-1).view(np.uint8)
     return RawTensor(dtype, shape, memoryview(as_bytes), array)
 
