@@ -4,7 +4,6 @@ written from its paper's definition and against mergekit's own implementation.""
 from __future__ import annotations
 
 import hashlib
-import os
 import tomllib
 import tracemalloc
 import warnings
@@ -469,9 +468,9 @@ def test_rounding_matches_ml_dtypes(dtype: str, name: str) -> None:
 
 @pytest.fixture(scope="module")
 def mergekit() -> Iterator[Any]:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    merge_methods = pytest.importorskip("mergekit.merge_methods")
-    yield merge_methods
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_HUB_OFFLINE", "1")  # never download
+        yield pytest.importorskip("mergekit.merge_methods")
 
 
 def torch_of(*arrays: np.ndarray) -> list[Any]:
