@@ -130,3 +130,174 @@ def test_a_hostile_staged_manifest_of_the_same_path_costs_nothing_and_loses_noth
     (repo / "mine.safetensors").unlink()
     git(repo, "checkout", "--", "mine.safetensors")
     assert sha256(repo / "mine.safetensors") == sha
+
+
+# -- chains over many save sequences ----------------------------------------------------
+
+DTYPES = {"F32": 4, "F16": 2, "BF16": 2, "I64": 8}
+
+
+def _random_value(rng: np.random.Generator, dtype: str, shape: tuple[int, ...]) -> bytes:
+    count = int(np.prod(shape)) * DTYPES[dtype]
+    if dtype in ("F32", "BF16"):  # float-like words: small weights, some exact zeros
+        words = (rng.standard_normal(count // DTYPES[dtype]) * 0.02).astype(np.float32)
+        words[rng.random(words.size) < 0.05] = 0.0
+        raw = words.tobytes()
+        if dtype == "BF16":  # the top half of each float32
+            raw = np.frombuffer(raw, np.uint16)[1::2].tobytes()
+        return raw
+    return rng.integers(0, 256, count, dtype=np.uint8).tobytes()
+
+
+def _mutate(rng: np.random.Generator, raw: bytes, dtype: str, fraction: float) -> bytes:
+    """Change about ``fraction`` of the elements: a low bit flipped, or a new value."""
+    word = DTYPES[dtype]
+    out = np.frombuffer(raw, np.uint8).copy().reshape(-1, word)
+    picked = rng.random(out.shape[0]) < fraction
+    if not picked.any():
+        picked[rng.integers(out.shape[0])] = True
+    out[picked, 0] ^= rng.integers(1, 256, int(picked.sum()), dtype=np.uint8)
+    if rng.random() < 0.3:  # a sign flip of one element (e.g. +0.0 -> -0.0)
+        out[rng.integers(out.shape[0]), word - 1] ^= 0x80
+    return out.tobytes()
+
+
+Model = dict[str, dict[str, tuple[str, tuple[int, ...], bytes]]]  # file -> name -> value
+
+
+def _step(rng: np.random.Generator, model: Model) -> None:
+    """One save's worth of random edits, across both files; tensor w1 (wherever it is)
+    changes a little at almost every save, so its chain reaches the bound."""
+    files = list(model)
+    for tensors in model.values():
+        if "w1" in tensors and rng.random() < 0.9:
+            dtype, shape, raw = tensors["w1"]
+            tensors["w1"] = (
+                dtype,
+                shape,
+                _mutate(rng, raw, dtype, float(rng.choice([0.001, 0.3]))),
+            )
+    for _ in range(int(rng.integers(1, 4))):
+        f = files[int(rng.integers(len(files)))]
+        if not model[f]:
+            continue
+        names = sorted(model[f])
+        name = names[int(rng.integers(len(names)))]
+        dtype, shape, raw = model[f][name]
+        op = rng.choice(["small", "small", "sparse", "full", "shape", "dtype", "move", "new"])
+        if op == "small":
+            model[f][name] = (dtype, shape, _mutate(rng, raw, dtype, 0.001))
+        elif op == "sparse":
+            model[f][name] = (dtype, shape, _mutate(rng, raw, dtype, 0.05))
+        elif op == "full":
+            model[f][name] = (dtype, shape, _mutate(rng, raw, dtype, 1.0))
+        elif op == "shape":
+            new_shape = (int(rng.integers(1, 40)), int(rng.integers(1, 40)))
+            model[f][name] = (dtype, new_shape, _random_value(rng, dtype, new_shape))
+        elif op == "dtype":
+            new = str(rng.choice([d for d in DTYPES if d != dtype]))
+            model[f][name] = (new, shape, _random_value(rng, new, shape))
+        elif op == "move":  # to the other file, maybe changed on the way
+            other = files[1 - files.index(f)]
+            value = model[f].pop(name)
+            if rng.random() < 0.5:
+                value = (value[0], value[1], _mutate(rng, value[2], value[0], 0.01))
+            model[other][name] = value
+        else:
+            fresh = f"t{int(rng.integers(1000))}"
+            new_shape = (int(rng.integers(1, 30)), 24)
+            model[f][fresh] = ("F32", new_shape, _random_value(rng, "F32", new_shape))
+
+
+def _initial(rng: np.random.Generator) -> Model:
+    model: Model = {"a.safetensors": {}, "b.safetensors": {}}
+    for i in range(6):
+        dtype = str(rng.choice(list(DTYPES)))
+        shape = (int(rng.integers(8, 48)), 32)
+        model[["a.safetensors", "b.safetensors"][i % 2]][f"w{i}"] = (
+            dtype,
+            shape,
+            _random_value(rng, dtype, shape),
+        )
+    model["a.safetensors"]["zero"] = ("F32", (64,), bytes(256))
+    return model
+
+
+def _file(tensors: dict[str, tuple[str, tuple[int, ...], bytes]]) -> bytes:
+    from st_files import st_bytes
+
+    return st_bytes(dict(sorted(tensors.items())))
+
+
+def _check_chains(manifest: object) -> None:
+    from git_theta.chains import MAX_CHAIN
+    from git_theta.manifest import Manifest, tensor_nbytes
+
+    assert isinstance(manifest, Manifest)
+    for name, entry in manifest.tensors.items():
+        assert len(entry.chain) <= MAX_CHAIN, name
+        nbytes = tensor_nbytes(entry.dtype, entry.shape)
+        assert nbytes is not None
+        stored = sum(link.ref.size for link in entry.chain)
+        # A base and updates that together stay near the size of a fresh value.
+        assert stored <= 2 * nbytes + 200 * len(entry.chain), (name, stored, nbytes)
+
+
+def test_every_version_of_many_random_save_sequences_rebuilds_exactly(tmp_path: Path) -> None:
+    """In process (many sequences): clean both files per save with one identity view, as
+    one `git add` does; every version of every file smudges back to its exact bytes."""
+    import io
+
+    from git_theta.clean import clean
+    from git_theta.identity import INDEX, Known
+    from git_theta.manifest import Manifest
+    from git_theta.smudge import smudge
+    from git_theta.store import ObjectStore
+
+    for seed in range(12):
+        rng = np.random.default_rng(seed)
+        store = ObjectStore(tmp_path / f"s{seed}")
+        model = _initial(rng)
+        staged: dict[str, Manifest] = {}
+        versions: list[tuple[str, bytes, bytes]] = []  # path, file, manifest bytes
+        for _ in range(20):
+            _step(rng, model)
+            snapshot = dict(staged)
+            known = Known(lambda near, s=snapshot: [(INDEX, p, m) for p, m in s.items()])
+            for path in sorted(model):
+                data = _file(model[path])
+                sink = io.BytesIO()
+                got = clean(io.BytesIO(data), sink, path, store, staged.get(path),  # type: ignore[arg-type]
+                            show_progress=False, known=known)  # type: ignore[arg-type]  # fmt: skip
+                assert got is not None
+                _check_chains(got)
+                staged[path] = got
+                versions.append((path, data, sink.getvalue()))
+        for path, data, manifest_bytes in versions:
+            out = io.BytesIO()
+            smudge(io.BytesIO(manifest_bytes), out, path, store, show_progress=False)  # type: ignore[arg-type]
+            assert out.getvalue() == data, (seed, path)
+
+
+def test_every_commit_of_a_random_save_sequence_checks_out_exactly(repo: Path) -> None:
+    """Real git: each save commits both files; every commit checks out to their sha256."""
+    import hashlib
+
+    rng = np.random.default_rng(100)
+    model = _initial(rng)
+    expected: dict[str, dict[str, str]] = {}
+    for i in range(8):
+        _step(rng, model)
+        for path, tensors in model.items():
+            (repo / path).write_bytes(_file(tensors))
+        git(repo, "add", "-A")
+        git(repo, "commit", "-q", "-m", f"save {i}")
+        rev = git(repo, "rev-parse", "HEAD").stdout.decode().strip()
+        expected[rev] = {p: hashlib.sha256(_file(t)).hexdigest() for p, t in model.items()}
+    from git_theta.manifest import parse
+
+    for rev, files in expected.items():
+        git(repo, "checkout", "-q", rev)
+        for path, digest in files.items():
+            assert sha256(repo / path) == digest, (rev, path)
+            _check_chains(parse(git(repo, "show", f"{rev}:{path}").stdout))
