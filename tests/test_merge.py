@@ -222,3 +222,60 @@ def test_merge_command_outside_a_conflict_is_one_line(
     )
     assert main(["merge", "--strategy", "ties", "--param", "densty=0.5", M]) == 2
     assert "merge strategy ties has no param 'densty'" in capsys.readouterr().err
+
+
+def lfs_then_theta(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, dict]:
+    """A model committed with plain Git LFS, then tracked by git-theta; branch left
+    changes 'b', main changes 'c': the merge base is a Git LFS pointer."""
+    repo = tmp_path / "mixed"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "lfs", "install", "--local")
+    git(repo, "lfs", "track", "*.safetensors")
+    base = arrays()
+    (repo / M).write_bytes(st_from_arrays(base))
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "lfs")
+    monkeypatch.chdir(repo)
+    assert main(["install", "--local"]) == 0
+    assert main(["track", "*.safetensors"]) == 0
+    git(repo, "add", ".gitattributes")
+    git(repo, "commit", "-q", "-m", "track")
+    git(repo, "checkout", "-q", "-b", "left")
+    save_commit(repo, {**base, "b": base["b"] + np.float32(1)}, "left")
+    git(repo, "checkout", "-q", "main")
+    save_commit(repo, {**base, "c": base["c"] * np.float32(2)}, "right")
+    assert git(repo, "show", "HEAD~2:" + M).stdout.startswith(b"version https://git-lfs")
+    return repo, base
+
+
+def test_a_merge_whose_base_is_a_git_lfs_version_merges(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from safetensors.numpy import load_file
+
+    repo, base = lfs_then_theta(tmp_path, monkeypatch)
+    git(repo, "merge", "-q", "--no-edit", "left")
+    got = load_file(str(repo / M))
+    want = {**base, "b": base["b"] + np.float32(1), "c": base["c"] * np.float32(2)}
+    for name, value in want.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+    assert git(repo, "status", "--porcelain").stdout == b""
+
+
+def test_a_git_lfs_merge_base_that_is_not_local_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    repo, _ = lfs_then_theta(tmp_path, monkeypatch)
+    shutil.rmtree(repo / ".git" / "lfs" / "objects")  # no remote to download it from
+    before = sha256(repo / M)
+    done = git(repo, "merge", "--no-edit", "left", check=False)
+    assert done.returncode != 0
+    said = [line for line in done.stderr.decode().splitlines() if "git-theta" in line]
+    assert len(said) == 1 and "the merge base is a Git LFS version" in said[0], said
+    assert "Traceback" not in done.stderr.decode()
+    assert "git lfs fetch" in said[0]
+    git(repo, "merge", "--abort")
+    assert sha256(repo / M) == before

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from git_theta.display import escape
 from git_theta.errors import ManifestError, ThetaError, UsageError
@@ -21,7 +21,9 @@ from git_theta.merging import Choice, MergeResult, Values, merge3
 
 if TYPE_CHECKING:
     from git_theta.merging import Ask, Rule
+    from git_theta.protocol.filter_process import Source
     from git_theta.repo import Repo
+    from git_theta.store import ObjectRef
 
 # Manual mode's files: PATH.theta-base etc. Their names match no `*.ext` track pattern,
 # and install puts them in .git/info/exclude, so `git add .` does not sweep them in.
@@ -35,7 +37,10 @@ class MergeConflictError(ThetaError):
     """Tensors stay in conflict after a ``git theta merge``."""
 
 
-def _read(path: str) -> Manifest | None:
+def _read(path: str, repo: Repo | None = None, shown: str = "") -> Manifest | None:
+    """The manifest in ``path`` (None for an empty file: that side has no version); with
+    ``repo``, a Git LFS pointer (a version from before git-theta tracked the path) is
+    read as the manifest of the checkpoint it names (``lfs_manifest``)."""
     from git_theta.files import open_regular
 
     with open_regular(path) as fh:
@@ -43,8 +48,48 @@ def _read(path: str) -> Manifest | None:
     if not data:
         return None  # the file did not exist on that side
     if not is_manifest(data):
+        if repo is not None:
+            from git_theta import lfs_pointer
+
+            ref = lfs_pointer.parse(data)
+            if ref is not None:
+                return lfs_manifest(ref, repo, shown or path)
         raise ManifestError(f"{path} is not a git-theta manifest")
     return parse(data)
+
+
+def lfs_manifest(ref: ObjectRef, repo: Repo, shown: str) -> Manifest:
+    """The manifest of the checkpoint in the Git LFS object ``ref``: the object (local,
+    or downloaded as a checkout would) is verified, then cleaned as ``git add`` would
+    (its tensors stored as objects, nothing else written). Raises ThetaError naming
+    ``shown`` when the object is unavailable or corrupt, or not a checkpoint."""
+    import io
+
+    from git_theta import lfs_pointer
+    from git_theta.clean import clean
+    from git_theta.files import open_regular
+
+    try:
+        lfs_pointer.write_object(ref, repo.store, lambda _chunk: None, repo.downloader.fetch)
+    except ThetaError as exc:
+        exc.args = (
+            f"{shown}: the merge base is a Git LFS version ({exc}); fetch it "
+            "(`git lfs fetch --all`) and merge again",
+        )
+        raise
+    where = repo.store.open_plain_path(ref)
+    assert where is not None  # write_object found it
+    sink = io.BytesIO()
+    with open_regular(where) as fh:
+        try:
+            source = cast("Source", fh)  # a file object: it has readinto
+            manifest = clean(source, sink, shown, repo.store, None, show_progress=False)
+        except ThetaError as exc:
+            exc.args = (f"{shown}: the merge base (a Git LFS version): {exc}",)
+            raise
+    if manifest is None:
+        raise ManifestError(f"{shown}: the merge base's Git LFS object is not a checkpoint")
+    return manifest
 
 
 def _strategies() -> list[str]:
@@ -106,16 +151,17 @@ def merge_driver(base: str, ours: str, theirs: str, path: str) -> int:
     from git_theta import git
     from git_theta.repo import Repo
 
-    o, t = _read(ours), _read(theirs)
-    if o is None or t is None:
-        sys.stderr.write(
-            f"git-theta: {escape(path)}: deleted on one side and changed on the other; "
-            f"`git rm {escape(path)}` or `git add {escape(path)}` to resolve\n"
-        )
-        return 1
     repo = Repo(str(git.toplevel()))
     try:
-        result = _merge(path, _read(base), o, t, repo, None, interactive=True)
+        o, t = _read(ours, repo, escape(path)), _read(theirs, repo, escape(path))
+        if o is None or t is None:
+            sys.stderr.write(
+                f"git-theta: {escape(path)}: deleted on one side and changed on the other; "
+                f"`git rm {escape(path)}` or `git add {escape(path)}` to resolve\n"
+            )
+            return 1
+        b = _read(base, repo, escape(path))
+        result = _merge(path, b, o, t, repo, None, interactive=True)
     finally:
         repo.close()
     from git_theta.files import atomic_write
@@ -145,12 +191,16 @@ def _stages(top: str) -> dict[str, dict[int, tuple[str, str]]]:
     return out
 
 
-def _blob_manifest(blob: str, top: str, what: str) -> Manifest:
-    from git_theta import git
+def _blob_manifest(blob: str, top: str, what: str, repo: Repo) -> Manifest:
+    from git_theta import git, lfs_pointer
     from git_theta.manifest import PREFIX
 
     data = git.blobs_starting_with([blob], PREFIX, cwd=top).get(blob)
     if data is None:
+        pointer = git.blobs_starting_with([blob], lfs_pointer.VERSION_LINE, cwd=top).get(blob)
+        ref = None if pointer is None else lfs_pointer.parse(pointer)
+        if ref is not None:
+            return lfs_manifest(ref, repo, what)
         raise ThetaError(f"{what} is not a git-theta checkpoint; resolve it with git")
     try:
         return parse(data)
@@ -245,7 +295,7 @@ def _resolve(
             "`git add` it to resolve"
         )
     versions: dict[int, Manifest] = {
-        s: _blob_manifest(stages[s][1], top, f"{escape(path)} (stage {s})")
+        s: _blob_manifest(stages[s][1], top, f"{escape(path)} (stage {s})", repo)
         for s in (1, 2, 3)
         if s in stages
     }
