@@ -319,18 +319,7 @@ def diff(
 
     def side(found: dict[str, Manifest], rev: str, path: str) -> dict[str, TensorSide]:
         if path in found:
-            manifest = found[path]
-            if manifest.format == "npz" and not store.has(manifest.glue.ref):
-                # Its compressed members are in the glue: without it they would show as
-                # added or removed. Objects the remote lacks stay missing (as fetch says).
-                repo.downloader.fetch([manifest.glue.ref])
-                if not store.has(manifest.glue.ref):  # else its members would show removed
-                    raise ObjectMissingError(
-                        f"{path}: object {manifest.glue.ref.oid} (the file's header, which "
-                        "holds its compressed arrays) is not local and could not be "
-                        "downloaded: run `git theta fetch` with a Git LFS remote that has it"
-                    )
-            return from_manifest(manifest, store)
+            return from_manifest(_with_glue(found[path], path, repo), store)
         return lfs_side(f"{rev}:{path}", repo) or {}  # an LFS version of a tracked path
 
     # "Stored for the change": objects no file of the old version references (a tensor
@@ -363,16 +352,32 @@ def diff(
     return 0
 
 
+def _with_glue(manifest: Manifest, path: str, repo: Repo) -> Manifest:
+    """Return ``manifest``, its glue downloaded when it is an npz's and missing: the glue
+    holds its compressed arrays, which would otherwise show as added or removed. Raises
+    ObjectMissingError when the glue cannot be had."""
+    if manifest.format == "npz" and not repo.store.has(manifest.glue.ref):
+        repo.downloader.fetch([manifest.glue.ref])  # what the remote lacks stays missing
+        if not repo.store.has(manifest.glue.ref):
+            raise ObjectMissingError(
+                f"{path}: object {manifest.glue.ref.oid} (the file's header, which holds "
+                "its compressed arrays) is not local and could not be downloaded: run "
+                "`git theta fetch` with a Git LFS remote that has it"
+            )
+    return manifest
+
+
 def _driver_side(
-    file: str, hexid: str, store: ObjectStore
+    path: str, file: str, hexid: str, repo: Repo
 ) -> tuple[dict[str, TensorSide], set[tuple[str, int]]]:
     """The version git gives the driver, and the objects it references (its glue too)."""
+    store = repo.store
     if file == "/dev/null":
         return {}, set()
     if hexid not in NULL_HEX:
         blob = git.blobs_starting_with([hexid], PREFIX).get(hexid)
         if blob is not None:
-            manifest = parse(blob)
+            manifest = _with_glue(parse(blob), path, repo)
             return from_manifest(manifest, store), manifest_objects(manifest)
     sides = file_side(file, store)
     return sides, {o for side in sides.values() for o in side.objects}
@@ -388,10 +393,10 @@ def diff_driver(args: list[str]) -> int:
         sys.stdout.write(f"* Unmerged path {escape(args[0]) if args else ''}\n")
         return 0
     path, old_file, old_hex, _, new_file, new_hex, _ = args[:7]
-    store = Repo().store
+    repo = Repo()
     try:
-        old, old_objects = _driver_side(old_file, old_hex, store)
-        new, new_objects = _driver_side(new_file, new_hex, store)
+        old, old_objects = _driver_side(path, old_file, old_hex, repo)
+        new, new_objects = _driver_side(path, new_file, new_hex, repo)
         report = compare(path, old, new, None, old_objects, new_objects)
         report.stored_scope = "file"  # it sees one file, not the version: it says so
     except LocalSetupError as exc:  # h5py missing: git diff still shows everything else
