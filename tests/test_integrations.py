@@ -112,3 +112,29 @@ def test_a_sharded_save_pretrained_layout(repo: Path, monkeypatch: pytest.Monkey
         if entry is not None:
             updates = [link["update"] for link in entry["chain"]]
     assert len(updates) == 2 and updates[0] == "dense"
+
+
+def test_rotation_removes_only_checkpoints(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checkpoints in the repository's top: a file of the user's that is deleted but not
+    staged is not committed as removed along with a rotated checkpoint."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from git_theta.integrations.transformers import GitThetaCallback
+
+    (repo / "notes.txt").write_text("mine\n")
+    git(repo, "add", "notes.txt")
+    git(repo, "commit", "-q", "-m", "notes")
+    (repo / "notes.txt").unlink()
+    callback = GitThetaCallback()
+    for step in (1, 2):
+        directory = repo / f"checkpoint-{step}"
+        directory.mkdir()
+        save_file({"w": np.full(4, step, np.float32)}, str(directory / "model.safetensors"))
+        if step == 2:
+            (repo / "checkpoint-1" / "model.safetensors").unlink()
+            (repo / "checkpoint-1").rmdir()
+        callback.commit_checkpoint(directory, step)
+    tip = git(repo, "ls-tree", "--name-only", "HEAD").stdout.decode().split()
+    assert tip == [".gitattributes", "checkpoint-2", "notes.txt"]

@@ -164,10 +164,13 @@ class GitThetaCallback(TrainerCallback):
 
 
 def _removed(top: str, parent: str) -> list[str]:
-    """Staged paths under ``parent`` whose files are gone from the work tree."""
+    """Staged paths in ``parent``'s ``checkpoint-*`` directories whose files are gone from
+    the work tree (not the user's other deleted files: ``parent`` may be the top)."""
     from git_theta import git
 
-    out = git.git("ls-files", "-z", "--deleted", "--", parent, cwd=top)
+    literal = "".join(f"[{c}]" if c in "*?[" else c for c in parent)  # the dir, not a glob
+    rotated = "checkpoint-*" if parent == os.curdir else f"{literal}/checkpoint-*"
+    out = git.git("ls-files", "-z", "--deleted", "--", f":(glob){rotated}/**", cwd=top)
     return [os.fsdecode(p) for p in out.split(b"\0") if p]
 
 
