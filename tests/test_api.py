@@ -319,3 +319,20 @@ def test_zero_dimensional_arrays_keep_their_shape(repo: Path, tmp_path: Path) ->
     with git_theta.open(None, "m.safetensors") as ckpt:
         assert ckpt.shapes == {"a": (), "j": (), "n": ()}
         assert ckpt["j"].shape == () and float(ckpt["j"]) == 1.5
+
+
+def test_a_revision_is_never_taken_for_an_option(repo: Path, tmp_path: Path) -> None:
+    """``git log --output=FILE`` writes FILE: a rev of that shape is refused, as is one
+    that does not exist, by history, open and load_from_git alike."""
+    git_theta.save(state(0), "m.safetensors", message="v0")
+    target = tmp_path / "written"
+    for rev in (f"--output={target}", "nope"):
+        message = f"^revision '{rev}' does not exist"
+        with pytest.raises(UsageError, match=message):
+            git_theta.history("m.safetensors", rev=rev)
+        with pytest.raises(UsageError, match=message):
+            git_theta.open(rev, "m.safetensors")
+        with pytest.raises(UsageError, match=message):
+            git_theta.load_from_git(rev, "m.safetensors", "safetensors", checkout=True)
+    assert not target.exists()
+    assert len(git_theta.history("m.safetensors")) == 1

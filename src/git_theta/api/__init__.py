@@ -193,9 +193,11 @@ def load_from_git(
     torch state dict for "pytorch" (nesting and non-tensor values kept, read with
     ``torch.load(weights_only=True)``), torch tensors for "safetensors", NumPy arrays
     otherwise. ``checkout`` also runs ``git checkout sha_or_tag``."""
+    from git_theta.api._open import require_revision
     from git_theta.api._stage import Where
 
     where = Where(".", path)
+    require_revision(where.top, sha_or_tag)  # `git checkout` below must not see an option
     with Checkpoint(where.top, sha_or_tag, where.path) as ckpt:
         if ckpt.format == "torch":
             value = _torch_load(ckpt)

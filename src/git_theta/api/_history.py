@@ -57,9 +57,11 @@ def revisions(
     """Newest first: every commit reachable from ``rev`` that changed ``path`` (and, with
     ``tensor``, changed that tensor)."""
     from git_theta import diffing
+    from git_theta.api._open import require_revision
     from git_theta.repo import Repo
 
-    args = ["log", "--format=%H%x00%cI%x00%s", "--no-renames", rev]
+    require_revision(top, rev)
+    args = ["log", "--format=%H%x00%cI%x00%s", "--no-renames", "--end-of-options", rev]
     log = git.git(*args, "--", path, cwd=top).decode(errors="replace")
     store = Repo(top).store
     out: list[Revision] = []

@@ -31,8 +31,8 @@ def read_manifest_blob(top: str, rev: str | None, path: str) -> bytes:
     spec = f":{path}" if rev is None else f"{rev}:{path}"
     done = proc.run("git", *git.NO_FILTER, "cat-file", "-s", spec, check=False, cwd=top)
     if done.returncode != 0:
-        if rev is not None and not _is_revision(top, rev):
-            raise UsageError(f"revision {rev!r} does not exist (a commit, branch or tag name)")
+        if rev is not None:
+            require_revision(top, rev)
         where = "the index" if rev is None else f"revision {rev!r}"
         raise UsageError(f"{path} is not in {where}")
     if int(done.stdout) > MAX_BYTES:
@@ -50,6 +50,13 @@ def _is_revision(top: str, rev: str) -> bool:
     done = proc.run("git", "rev-parse", "-q", "--verify", "--end-of-options", f"{rev}^{{tree}}",
                     check=False, cwd=top)  # fmt: skip
     return done.returncode == 0
+
+
+def require_revision(top: str, rev: str) -> None:
+    """Raise UsageError unless ``rev`` names a commit or tree. A name git would take for
+    an option (``--output=FILE``) never reaches a git command line as one."""
+    if rev.startswith("-") or not _is_revision(top, rev):
+        raise UsageError(f"revision {rev!r} does not exist (a commit, branch or tag name)")
 
 
 class Checkpoint:
