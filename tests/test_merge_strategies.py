@@ -16,6 +16,7 @@ import pytest
 
 from git_theta.errors import ThetaError, UsageError
 from git_theta.merges import MERGES, _floats
+from git_theta.merges._threeway import tensor_seed
 from git_theta.merges.base import (
     MergeBaseMissingError,
     MergeShapeError,
@@ -323,7 +324,10 @@ def whole_tensor_values(
     dtype: str,
     params: dict[str, Any],
 ) -> np.ndarray:
-    """The strategy run on the whole tensors at once (no blocks), rounded to ``dtype``."""
+    """The strategy run on the whole tensors at once (no blocks), rounded to ``dtype``;
+    a seed is the tensor's own stream, as merge_tensor derives it (run names it "w")."""
+    if "seed" in params:
+        params = {**params, "seed": tensor_seed(params["seed"], "w")}
     wide = [_floats.widen(x, dtype) for x in (base, ours, theirs)]
     state = strategy.prepare(OneBlock(*wide), params) if strategy.blockwise else None
     return _floats.narrow(strategy.combine(*wide, params, state, 0), dtype)
@@ -612,7 +616,7 @@ def test_dare_equals_the_paper_and_mergekit_given_the_same_masks(
 ) -> None:
     base, ours, theirs = three(25)
     density, seed = 0.3, 1234
-    masks = keep_masks(ours.size, density, seed)
+    masks = keep_masks(ours.size, density, tensor_seed(seed, "w"))
     paper = run("dare", base, ours, theirs, density=str(density), seed=str(seed)).data
     if combine == "linear":
         want = ref_dare_linear(
@@ -694,7 +698,7 @@ def test_half_precision_results_are_mergekits_float32_rounded_once_within_one_ul
     ours = (base.astype(np.int64) + step_o).astype("<u2")
     theirs = (base.astype(np.int64) + step_t).astype("<u2")
     b, o, t = (_floats.widen(x, dtype) for x in (base, ours, theirs))
-    masks = keep_masks(n, 0.5, 3)
+    masks = keep_masks(n, 0.5, tensor_seed(3, "w"))
     cases: list[tuple[str, dict[str, str], Callable[[], np.ndarray]]] = [
         ("average", {"weight": "0.3"}, lambda: mk_average(mergekit, b, o, t, 0.3)),
         (
@@ -795,3 +799,21 @@ def test_nan_and_inf_values_do_not_break_a_strategy(key: str) -> None:
         merged = run(key, base, ours, theirs, **raw)
     assert merged.merged == ours.size
     assert merged.data.shape == ours.shape
+
+
+def test_one_seed_gives_each_tensor_its_own_drop_masks() -> None:
+    # A rules file's `dare seed=7` covers every tensor; equal-sized tensors (a model's
+    # q, k and v) must not all drop the same positions, yet the merge stays reproducible.
+    rng = np.random.default_rng(3)
+    base = rng.standard_normal(4096).astype(np.float32)
+    ours, theirs = base + 1.0, base - 0.5
+    dare = MERGES.get("dare")
+    params = parse_params(dare, {"density": "0.5", "seed": "7"})
+
+    def dropped(name: str) -> bytes:
+        merged = merge_tensor(dare, params, base, ours, theirs, "F32", tensor=name)
+        assert merged.params["seed"] == 7  # the record keeps the seed given
+        return bits(merged.data)
+
+    assert dropped("q.weight") == dropped("q.weight")
+    assert dropped("q.weight") != dropped("k.weight")

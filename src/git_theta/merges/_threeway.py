@@ -32,6 +32,18 @@ def draw_seed() -> int:
     return int.from_bytes(os.urandom(8), "little") >> 1
 
 
+def tensor_seed(seed: int, tensor: str) -> int:
+    """Return the seed of ``tensor``'s own random stream in a merge seeded with ``seed``.
+
+    One seed is given (or drawn) for a whole merge; were it used as it is, every tensor
+    of the same size would drop the same positions (all of a model's q, k and v
+    projections alike). Mixing in the name keeps a merge reproducible from its record."""
+    import hashlib
+
+    digest = hashlib.sha256(f"{seed}\0{tensor}".encode("utf-8", "surrogateescape")).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
 def _bytes(array: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
 
@@ -98,7 +110,12 @@ def merge(
     b = None if b_bytes is None else _floats.units(b_bytes, size)
     result = np.empty_like(o)
     counts = np.zeros(5, dtype=np.int64)  # unchanged, ours only, theirs only, same, merged
-    combine = _Combiner(strategy, used, b, o, t, dtype, tensor)
+    stream = dict(used)
+    if strategy.uses_seed:
+        seed = used["seed"]
+        assert isinstance(seed, int)
+        stream["seed"] = tensor_seed(seed, tensor)
+    combine = _Combiner(strategy, stream, b, o, t, dtype, tensor)
     # NaN and inf are values like any other here (a diverged fine-tune): no warnings on
     # the merge's stderr for inf - inf or 0 * inf.
     with np.errstate(all="ignore"):
