@@ -198,3 +198,32 @@ def test_zip_checkpoints_merge_disjoint_changes_with_no_strategy(repo: Path, nam
     for key, value in want.items():
         np.testing.assert_array_equal(got[key], value, err_msg=key)
     assert git(repo, "status", "--porcelain").stdout == b""
+
+
+def test_zip_headers_changed_otherwise_on_both_sides_still_conflict(repo: Path) -> None:
+    # Each side adds its own member: more than CRC-32 fields differ, so only a file-wide
+    # side choice resolves it, and the work tree keeps ours whole.
+    track(repo, "*.npz")
+    base = arrays()
+    commit(repo, base, "base", "m.npz")
+    git(repo, "checkout", "-q", "-b", "left")
+    commit(repo, {**base, "d": base["a"] + np.float32(1)}, "left", "m.npz")
+    git(repo, "checkout", "-q", "main")
+    commit(repo, {**base, "e": base["b"] * np.float32(2)}, "right", "m.npz")
+    before = sha256(repo / "m.npz")
+    done = git(repo, "merge", "--no-edit", "left", check=False)
+    assert done.returncode == 1
+    assert b"(file header: both sides changed" in done.stderr
+    assert sha256(repo / "m.npz") == before
+    zip_members_read_whole(repo / "m.npz")
+
+
+def test_crc32_of_a_concatenation_from_its_parts() -> None:
+    import zlib
+
+    from git_theta.formats.zip_glue import crc32_combine
+
+    rng = np.random.default_rng(9)
+    for n1, n2 in [(0, 0), (0, 7), (5, 0), (1000, 1), (3, 1 << 20)]:
+        a, b = rng.bytes(n1), rng.bytes(n2)
+        assert crc32_combine(zlib.crc32(a), zlib.crc32(b), n2) == zlib.crc32(a + b)
