@@ -336,3 +336,24 @@ def test_a_revision_is_never_taken_for_an_option(repo: Path, tmp_path: Path) -> 
             git_theta.load_from_git(rev, "m.safetensors", "safetensors", checkout=True)
     assert not target.exists()
     assert len(git_theta.history("m.safetensors")) == 1
+
+
+@pytest.mark.parametrize("planted", ["symlink", "directory"])
+def test_save_refuses_to_replace_what_is_not_a_file_before_staging(
+    repo: Path, tmp_path: Path, planted: str
+) -> None:
+    """write_file=True over a symlink (to a file outside) or a directory: refused before
+    the index changes; nothing behind the link is touched."""
+    from git_theta.files import UnsafeFileError
+
+    outside = tmp_path / "outside.safetensors"
+    outside.write_bytes(b"theirs")
+    if planted == "symlink":
+        (repo / "m.safetensors").symlink_to(outside)
+    else:
+        (repo / "m.safetensors").mkdir()
+    index = (repo / ".git" / "index").read_bytes()
+    with pytest.raises(UnsafeFileError, match=r"^m.safetensors is a (symbolic link|directory)"):
+        git_theta.save(state(0), "m.safetensors", write_file=True)
+    assert (repo / ".git" / "index").read_bytes() == index
+    assert outside.read_bytes() == b"theirs"

@@ -79,6 +79,8 @@ def save(
     if metadata is not None and fmt != "safetensors":
         raise UsageError("metadata= is safetensors' __metadata__; other formats have none")
     _stage.require_tracked(where)
+    if write_file:
+        _stage.require_replaceable(where)
     if tag is not None:
         _stage.check_tag(where.top, tag)
     update_for = _stage.policy(where.top, update_type)

@@ -72,6 +72,25 @@ def require_no_links(where: Where) -> None:
             )
 
 
+def require_replaceable(where: Where) -> None:
+    """Raise UnsafeFileError, before anything is staged, when what is at ``where`` in the
+    work tree is not a regular file (a symlink, planted or not, a directory): the file
+    could not be written over it, and the index would no longer match the work tree."""
+    import stat
+
+    from git_theta.files import UnsafeFileError, kind_of
+
+    try:
+        st = os.lstat(where.full)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafeFileError(
+            f"{where.path} is {kind_of(st.st_mode)}; git-theta replaces only regular files "
+            "(move it aside and retry)"
+        )
+
+
 def require_tracked(where: Where) -> None:
     """Raise NotSetUpError when the filter is not configured, UnsafeFileError when the path
     goes through a symlinked directory, NotTrackedError when the path is not tracked: the
