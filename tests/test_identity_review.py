@@ -263,19 +263,25 @@ def test_every_version_of_many_random_save_sequences_rebuilds_exactly(tmp_path: 
         for _ in range(20):
             _step(rng, model)
             snapshot = dict(staged)
-            known = Known(lambda near, s=snapshot: [(INDEX, p, m) for p, m in s.items()])
+
+            def load(
+                near: str, s: dict[str, Manifest] = snapshot
+            ) -> list[tuple[int, str, Manifest]]:
+                return [(INDEX, p, m) for p, m in s.items()]
+
+            known = Known(load)
             for path in sorted(model):
                 data = _file(model[path])
                 sink = io.BytesIO()
-                got = clean(io.BytesIO(data), sink, path, store, staged.get(path),  # type: ignore[arg-type]
-                            show_progress=False, known=known)  # type: ignore[arg-type]  # fmt: skip
+                got = clean(io.BytesIO(data), sink, path, store, staged.get(path),
+                            show_progress=False, known=known)  # fmt: skip
                 assert got is not None
                 _check_chains(got)
                 staged[path] = got
                 versions.append((path, data, sink.getvalue()))
         for path, data, manifest_bytes in versions:
             out = io.BytesIO()
-            smudge(io.BytesIO(manifest_bytes), out, path, store, show_progress=False)  # type: ignore[arg-type]
+            smudge(io.BytesIO(manifest_bytes), out, path, store, show_progress=False)
             assert out.getvalue() == data, (seed, path)
 
 
@@ -301,3 +307,35 @@ def test_every_commit_of_a_random_save_sequence_checks_out_exactly(repo: Path) -
         for path, digest in files.items():
             assert sha256(repo / path) == digest, (rev, path)
             _check_chains(parse(git(repo, "show", f"{rev}:{path}").stdout))
+
+
+def test_a_verified_but_overlong_chain_of_another_file_is_not_reused(repo: Path) -> None:
+    """A committed manifest's chain may rebuild to the right bytes through many full
+    values (each dense link replaces the last): reusing it would make every checkout of
+    the user's commit decode them all. Only chains within the bounds clean keeps are."""
+    from git_theta.chains import MAX_CHAIN, store_value
+    from git_theta.repo import Repo
+
+    rng = np.random.default_rng(3)
+    mine = rng.standard_normal((64, 64)).astype(np.float32)
+    (repo / "other.safetensors").write_bytes(st_from_arrays({"w": mine}))
+    git(repo, "add", "other.safetensors")
+    hostile = json.loads(git(repo, "show", ":other.safetensors").stdout)
+    store = Repo(str(repo)).store
+    links = []
+    for i in range(2 * MAX_CHAIN):
+        value = mine if i == 2 * MAX_CHAIN - 1 else rng.standard_normal((64, 64)).astype(np.float32)
+        (link,) = store_value(value.tobytes(), "F32", store)
+        links.append(
+            {"update": "dense", "codec": link.codec, "oid": link.ref.oid, "size": link.ref.size}
+        )
+    hostile["tensors"]["w"]["chain"] = links
+    data = json.dumps(hostile, indent=1).encode() + b"\n"
+    oid = git(repo, "hash-object", "-w", "--stdin", stdin=data).stdout.decode().strip()
+    git(repo, "update-index", "--cacheinfo", f"100644,{oid},other.safetensors")
+    git(repo, "commit", "-q", "-m", "hostile")
+    (repo / "mine.safetensors").write_bytes(st_from_arrays({"w": mine}))
+    git(repo, "add", "mine.safetensors")
+    chain = json.loads(git(repo, "show", ":mine.safetensors").stdout)["tensors"]["w"]["chain"]
+    assert len(chain) <= MAX_CHAIN
+    assert sum(link["size"] for link in chain) <= 2 * mine.nbytes + 4096

@@ -219,6 +219,13 @@ def _clean_spans(
         # deleted store) is stored again from the file rather than committed broken.
         return chain is not None and all(store.has(link.ref) for link in chain)
 
+    def bounded(chain: tuple[Link, ...], size: int) -> bool:
+        # Within what clean itself keeps (MAX_CHAIN links, a base and updates that cost
+        # about two values): a committed chain may give the right bytes through sixteen
+        # full values, and every checkout of the user's commit would decode them all.
+        stored = sum(link.ref.size for link in chain)
+        return len(chain) <= chains.MAX_CHAIN and stored <= 2 * size + 4096 * len(chain)
+
     def from_elsewhere(digest: str, job: _Job, own: bool) -> tuple[Link, ...] | None:
         """A chain of another known file holding exactly these bytes, checked. The index
         and HEAD are read for it only when the path's own manifest lacks the name (a
@@ -239,8 +246,9 @@ def _clean_spans(
 
         cands = known.same_content(digest, job.span.dtype, size, path, load=not own)
         for cand in cands[:IDENTITY_TRIES]:
-            if reusable(cand.entry.chain) and known.checked(cand, verify):
-                return cand.entry.chain
+            chain = cand.entry.chain
+            if bounded(chain, size) and reusable(chain) and known.checked(cand, verify):
+                return chain
         return None
 
     def encode(job: _Job) -> TensorEntry:
