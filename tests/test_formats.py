@@ -210,3 +210,34 @@ def test_minilm_in_each_format_round_trips_with_every_tensor_stored(
     assert round_trip(tracked, name) == {"h5": "hdf5"}.get(fmt, fmt)
     manifest = json.loads(git(tracked, "show", f"HEAD:{name}").stdout)
     assert len(manifest["tensors"]) == count
+
+
+def test_every_ggml_block_type_gguf_knows_has_its_block_size() -> None:
+    # A block type missing from our table makes a real GGUF (gpt-oss's MXFP4) unreadable.
+    # Q8_1 is the one disagreement: gguf-py says 40 bytes, ggml's C block_q8_1 is 36 (two
+    # halves and 32 int8s); it is only a compute type, never written to files.
+    gguf = pytest.importorskip("gguf")
+    from git_theta.dtypes import BLOCKS
+    from git_theta.formats.gguf import GGML_TYPES
+
+    for kind, (elements, nbytes) in gguf.GGML_QUANT_SIZES.items():
+        if elements == 1 or kind.name == "Q8_1":
+            continue
+        ours = GGML_TYPES.get(int(kind))
+        assert ours == f"GGML_{kind.name}", kind
+        assert BLOCKS[ours] == (elements, nbytes), kind
+
+
+def test_an_mxfp4_gguf_round_trips(tracked: Path) -> None:
+    gguf = pytest.importorskip("gguf")
+    writer = gguf.GGUFWriter(str(tracked / "m.gguf"), "gpt-oss")
+    blocks = np.random.default_rng(5).integers(0, 256, (8, 4 * 17), dtype=np.uint8)
+    writer.add_tensor("blk.0.ffn_up_exps.weight", blocks, raw_dtype=gguf.GGMLQuantizationType.MXFP4)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert round_trip(tracked, "m.gguf") == "gguf"
+    manifest = json.loads(git(tracked, "show", "HEAD:m.gguf").stdout)
+    entry = manifest["tensors"]["blk.0.ffn_up_exps.weight"]
+    assert (entry["dtype"], entry["shape"]) == ("GGML_MXFP4", [8, 128])

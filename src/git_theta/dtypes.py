@@ -67,6 +67,8 @@ BLOCKS: dict[str, tuple[int, int]] = {
     "GGML_IQ1_S": (256, 50), "GGML_IQ4_NL": (32, 18), "GGML_IQ3_S": (256, 110),
     "GGML_IQ2_S": (256, 82), "GGML_IQ4_XS": (256, 136), "GGML_IQ1_M": (256, 56),
     "GGML_TQ1_0": (256, 54), "GGML_TQ2_0": (256, 66),
+    # gpt-oss's MXFP4 (an E8M0 scale and 32 FP4 values), NVFP4 and the 1-bit Q1_0
+    "GGML_MXFP4": (32, 17), "GGML_NVFP4": (64, 36), "GGML_Q1_0": (128, 18),
 }  # fmt: skip
 
 

@@ -31,6 +31,7 @@ GGML_TYPES = {
     17: "GGML_IQ2_XS", 18: "GGML_IQ3_XXS", 19: "GGML_IQ1_S", 20: "GGML_IQ4_NL",
     21: "GGML_IQ3_S", 22: "GGML_IQ2_S", 23: "GGML_IQ4_XS", 24: "I8", 25: "I16", 26: "I32",
     27: "I64", 28: "F64", 29: "GGML_IQ1_M", 30: "BF16", 34: "GGML_TQ1_0", 35: "GGML_TQ2_0",
+    39: "GGML_MXFP4", 40: "GGML_NVFP4", 41: "GGML_Q1_0",
 }  # fmt: skip
 _PLAIN = {"F32": 4, "F16": 2, "I8": 1, "I16": 2, "I32": 4, "I64": 8, "F64": 8, "BF16": 2}
 # value type id -> struct format for scalars (8: string, 9: array are special)
