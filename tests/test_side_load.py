@@ -250,3 +250,19 @@ def test_a_symlinked_directory_is_refused_before_anything_is_staged(
     assert (repo / ".git" / "index").read_bytes() == index
     assert sha256(outside / "m.safetensors") == before
     assert sorted(p.name for p in outside.iterdir()) == ["m.safetensors"]
+
+
+@pytest.mark.parametrize("values", [[1.5], [300.0], [-1.0]])
+def test_a_sparse_value_an_integer_tensor_cannot_hold_is_refused(
+    repo: Path, tmp_path: Path, values: list[float]
+) -> None:
+    save_file({"w": np.arange(6, dtype=np.uint8)}, str(repo / "m.safetensors"))
+    git(repo, "add", "m.safetensors")
+    git(repo, "commit", "-q", "-m", "v0")
+    before = sha256(repo / "m.safetensors")
+    data = tmp_path / "u.safetensors"
+    save_file({"w/data": np.array(values, np.float32), "w/indices": np.array([1])}, str(data))
+    args = ["add", "m.safetensors", "--update-type", "sparse", "--update-data", str(data)]
+    assert main(args) == 2
+    assert sha256(repo / "m.safetensors") == before
+    status_clean(repo)

@@ -164,8 +164,13 @@ def _sparse_apply(data_path: str, name: str, parts: dict[str, Stored]) -> Apply:
             raise UpdateDataError(
                 f"{data_path}: {name}/indices go past the tensor's {new.size} elements"
             )
+        added = values.astype(np_dtype)
+        if np_dtype.kind in "biu" and not np.array_equal(added.astype(values.dtype), values):
+            raise UpdateDataError(  # 1.5 or 300 into int8 would be cut or wrapped silently
+                f"{data_path}: {name}/data holds values {dtype} cannot hold (the tensor's dtype)"
+            )
         # Only the listed elements change: an unlisted -0.0 stays -0.0.
-        np.add.at(new, indices.astype(np.int64), values.astype(np_dtype))
+        np.add.at(new, indices.astype(np.int64), added)
         return new.tobytes()
 
     return apply
