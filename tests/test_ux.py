@@ -574,3 +574,20 @@ def test_a_bad_setting_in_the_environment_never_breaks_git_status(
     assert (status.returncode, status.stdout) == (0, b" M model.safetensors\n")
     add = git(repo, "add", "model.safetensors", check=False)
     assert add.returncode != 0 and value in add.stderr.decode().splitlines()[0]
+
+
+def test_a_git_failure_names_its_reason_not_its_advice(repo: Path) -> None:
+    # git ends a held index.lock's message with "remove the file manually to continue":
+    # the last line alone dropped which file and invited deleting a live lock.
+    from git_theta import git as gitcalls
+
+    (repo / "a.txt").write_text("a")
+    (repo / ".git" / "index.lock").write_text("")
+    with pytest.raises(CommandError) as caught:
+        gitcalls.git("add", "a.txt", cwd=str(repo))
+    message = str(caught.value)
+    assert message.startswith("git add failed: Unable to create '"), message
+    assert (
+        "index.lock': File exists. (another git command is running in this repository: " in message
+    )
+    assert "remove the file manually" not in message and "\n" not in message

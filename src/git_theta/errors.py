@@ -81,6 +81,23 @@ def _program(argv: tuple[str, ...]) -> str:
     return " ".join(words)
 
 
+def _reason(stderr: bytes, returncode: int) -> str:
+    """The line of a failed command's stderr that says why: git's first ``fatal:`` or
+    ``error:`` line (its advice follows it, and a last line such as "remove the file
+    manually to continue" would mislead), else the last line."""
+    lines = [line.strip() for line in stderr.decode(errors="replace").splitlines()]
+    lines = [line for line in lines if line]
+    if not lines:
+        return f"exit code {returncode}"
+    said = next((ln for ln in lines if ln.startswith(("fatal: ", "error: "))), lines[-1])
+    said = said.removeprefix("fatal: ").removeprefix("error: ")
+    if "index.lock" in said and "File exists" in said:
+        said += (
+            " (another git command is running in this repository: let it finish, then try again)"
+        )
+    return said
+
+
 class CommandError(ThetaError, RuntimeError):
     """An external command (git, git-lfs) failed."""
 
@@ -89,9 +106,7 @@ class CommandError(ThetaError, RuntimeError):
         self.returncode = returncode
         self.stdout = stdout
         self.stderr = stderr
-        detail = stderr.decode(errors="replace").strip().splitlines()
-        last = detail[-1].removeprefix("fatal: ") if detail else f"exit code {returncode}"
-        super().__init__(f"{_program(argv)} failed: {last}")
+        super().__init__(f"{_program(argv)} failed: {_reason(stderr, returncode)}")
 
 
 NOT_A_REPOSITORY = (
