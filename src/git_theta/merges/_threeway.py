@@ -17,6 +17,7 @@ import numpy as np
 from git_theta.merges import _floats
 from git_theta.merges.base import (
     MergeBaseMissingError,
+    MergeError,
     MergeShapeError,
     MergeStrategy,
     MergeTypeError,
@@ -224,7 +225,26 @@ class _Combiner:
             return
         if self.whole is not None:
             np.copyto(out, self.whole[start:end], where=conflict)
+        else:
+            b, o, t = _Widened(self.b, self.o, self.t, self.dtype).block(start, end)
+            values = self.strategy.combine(b, o, t, self.params, self.state, start)
+            np.copyto(out, _floats.narrow(values, self.dtype).view(out.dtype), where=conflict)
+        self._check_finite(out, conflict, start, end)
+
+    def _check_finite(self, out: np.ndarray, conflict: np.ndarray, start: int, end: int) -> None:
+        """Raise MergeError when the strategy made inf or NaN from finite inputs: params
+        from a committed rules file (lambda=1e300) must not turn a model into inf
+        silently. NaN or inf already in an input stays a value like any other."""
+        bad = ~np.isfinite(_floats.widen(out, self.dtype))
+        bad &= conflict
+        if not bad.any():
             return
-        b, o, t = _Widened(self.b, self.o, self.t, self.dtype).block(start, end)
-        values = self.strategy.combine(b, o, t, self.params, self.state, start)
-        np.copyto(out, _floats.narrow(values, self.dtype).view(out.dtype), where=conflict)
+        for side in (self.b, self.o, self.t):
+            if side is not None:
+                bad &= np.isfinite(_floats.widen(side[start:end], self.dtype))
+        count = int(np.count_nonzero(bad))
+        if count:
+            raise MergeError(
+                f"tensor {self.tensor}: {self.strategy.name} gives values that are not finite "
+                f"for {count:,} elements whose versions are (check its params)"
+            )
