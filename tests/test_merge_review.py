@@ -79,18 +79,22 @@ def test_absurd_weights_never_store_an_overflowed_tensor(strategy: str, words: l
         assert np.isfinite(got.data).all(), got.data
 
 
-def test_manual_mode_replaces_symlinks_and_never_writes_through_them(
-    repo: Path, tmp_path: Path
+def test_manual_mode_refuses_symlinks_and_never_writes_through_them(
+    repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     conflicted(repo)
     outside = tmp_path / "outside.safetensors"
     outside.write_bytes(b"precious")
     for side in ("base", "ours", "theirs"):
         (repo / f"{M}.theta-{side}").symlink_to(outside)
-    assert main(["merge", "--manual", M]) == 0
+    assert main(["merge", "--manual", M]) == 1
+    assert capsys.readouterr().err.endswith(
+        f"{M}.theta-base is a symbolic link; git-theta replaces only regular files (move it "
+        "aside and retry)\n"
+    )
     assert outside.read_bytes() == b"precious"
     for side in ("base", "ours", "theirs"):
-        assert not (repo / f"{M}.theta-{side}").is_symlink()
+        assert (repo / f"{M}.theta-{side}").is_symlink()
 
 
 # Fails until commands/merge.py (H7's) checks every manual destination before writing any.
