@@ -7,11 +7,13 @@ while the next tensor is read. An unchanged tensor costs a hash, not an encode.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from typing import IO, TYPE_CHECKING
 
 from git_theta import chains, codec, kernels, lfs_pointer
 from git_theta.content import content_hash
+from git_theta.display import escape, quote
 from git_theta.errors import CheckpointError, ThetaError
 from git_theta.formats import detect, file_spans, header_spans
 from git_theta.formats.base import SNIFF_MAX, TensorSpan
@@ -30,6 +32,7 @@ _PEEK = SNIFF_MAX
 # may list thousands claiming a common value's hash; an honest one verifies first time.
 IDENTITY_TRIES = 4
 _STEP = 64 << 20  # steps for a tensor too large to reserve at once
+_warned: set[tuple[str, str]] = set()  # (path, tensor) whose staged chain lied: said once
 
 
 class _Reader:
@@ -194,10 +197,12 @@ def _clean_spans(
 
     if glue:
         layout.append(len(glue))
-    reuse: dict[tuple[str, str, int | None], tuple[Link, ...]] = {}
+    reuse: dict[tuple[str, str, int | None], tuple[str, TensorEntry]] = {}
     if previous is not None:
-        for entry in previous.tensors.values():
-            reuse[(entry.hash, entry.dtype, tensor_nbytes(entry.dtype, entry.shape))] = entry.chain
+        for name, entry in previous.tensors.items():
+            nbytes = tensor_nbytes(entry.dtype, entry.shape)
+            reuse[(entry.hash, entry.dtype, nbytes)] = (name, entry)
+    verified = store.verified
 
     def holds(entry: TensorEntry, size: int) -> bool:
         # Equal bytes have equal sizes: a staged entry (a clone's committed manifest, so
@@ -226,6 +231,42 @@ def _clean_spans(
         stored = sum(link.ref.size for link in chain)
         return len(chain) <= chains.MAX_CHAIN and stored <= 2 * size + 4096 * len(chain)
 
+    # -- verified.py: a chain not written here is reused only once seen to rebuild ------
+    def rebuilds(name: str, entry: TensorEntry, size: int) -> bool:
+        """Whether ``entry``'s chain rebuilds to its hash: on this machine's record, or
+        rebuilt now (within the tensor's ``size``) and recorded. A staged manifest is a
+        clone's committed one, possibly lying: reusing its chain for the user's equal
+        bytes would commit a version that never checks out."""
+
+        def rebuild() -> bool:
+            try:
+                codec.recycle(chains.rebuild(name, entry, store, limit=size))
+            except ThetaError:
+                return False
+            return True
+
+        return verified.check(entry, rebuild)
+
+    def from_staged(name: str, entry: TensorEntry, size: int, own: bool) -> tuple[Link, ...] | None:
+        """``entry``'s chain when its objects are here and it rebuilds, else None (and,
+        for the tensor's own staged entry, one warning: its value is stored afresh)."""
+        if not reusable(entry.chain):
+            return None
+        if rebuilds(name, entry, size):
+            return entry.chain
+        if own and (path, name) not in _warned:
+            _warned.add((path, name))
+            sys.stderr.write(
+                escape(
+                    f"git-theta: {path}: tensor {quote(name)}'s staged version does not "
+                    "rebuild to its hash; stored it afresh"
+                )
+                + "\n"
+            )
+        return None
+
+    # -------------------------------------------------------------------------------------
+
     def from_elsewhere(digest: str, job: _Job, own: bool) -> tuple[Link, ...] | None:
         """A chain of another known file holding exactly these bytes, checked. The index
         and HEAD are read for it only when the path's own manifest lacks the name (a
@@ -238,11 +279,7 @@ def _clean_spans(
 
         def verify(cand: Candidate) -> bool:
             """Whether the entry rebuilds to its recorded hash from local objects."""
-            try:
-                codec.recycle(chains.rebuild(cand.name, cand.entry, store, limit=size))
-            except ThetaError:
-                return False
-            return True
+            return rebuilds(cand.name, cand.entry, size)
 
         cands = known.same_content(digest, job.span.dtype, size, path, load=not own)
         for cand in cands[:IDENTITY_TRIES]:
@@ -262,13 +299,19 @@ def _clean_spans(
         size = len(job.data)
         if prev is not None and not holds(prev, size):
             prev = None
+        chain: tuple[Link, ...] | None = None
         if prev is not None and (prev.hash, prev.dtype) == (digest, span.dtype):
-            chain: tuple[Link, ...] | None = prev.chain
+            chain = from_staged(span.name, prev, size, own=True)
+            if chain is None:
+                prev = None  # a lying entry is no base for a change either
             # A merged value keeps the record of how it was merged while it is unchanged,
             # or re-adding the merge result would show the file modified.
-            merge = prev.merge if prev.shape == span.shape else None
+            elif prev.shape == span.shape:
+                merge = prev.merge
         else:
-            chain = reuse.get((digest, span.dtype, size)) or reuse.get((digest, span.dtype, None))
+            same = reuse.get((digest, span.dtype, size)) or reuse.get((digest, span.dtype, None))
+            if same is not None:
+                chain = from_staged(same[0], same[1], size, own=False)
             if not reusable(chain):
                 chain = from_elsewhere(digest, job, prev is not None)
         if not reusable(chain):
@@ -279,9 +322,11 @@ def _clean_spans(
             def load_previous() -> bytearray | None:
                 assert prev is not None
                 try:
-                    return chains.rebuild(span.name, prev, store, limit=size)
+                    value = chains.rebuild(span.name, prev, store, limit=size)
                 except ThetaError:
                     return None  # objects not local (or lying): store a dense value
+                verified.add([prev])  # seen to rebuild: a later add may reuse it
+                return value
 
             chain = chains.store_value(
                 job.data,
@@ -293,6 +338,7 @@ def _clean_spans(
                 name=span.name,
                 shape=span.shape,
             )
+            verified.add([TensorEntry(span.dtype, span.shape, digest, chain)])  # from the value
         assert chain is not None
         entry = TensorEntry(span.dtype, span.shape, digest, chain, merge)
         # Hashed, and stored if it changed: nothing refers to these bytes any more (the
@@ -318,6 +364,7 @@ def _clean_spans(
         tensors=tensors,
     )
     sink.write(manifest.to_bytes())
+    verified.flush()
     if known is not None:
         known.written(path, manifest)
     return manifest

@@ -294,6 +294,29 @@ def atomic_write(
             fh.write(part)
 
 
+def append_record(path: str, data: bytes, cap: int) -> None:
+    """Append ``data`` (a few small records) to the regular file ``path`` of ours in one
+    ``O_APPEND`` write, creating it 0600: processes appending at once never interleave
+    their bytes. A file that would grow past ``cap`` is replaced by ``data`` alone (its
+    records are state that may be lost, never wrong). Raises UnsafeFileError when
+    ``path`` is not a regular file of ours, OSError when it cannot be written."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise _refuse(path, None, path, "a regular file", exc) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+            raise UnsafeFileError(f"{path} is not a regular file of ours; refused")
+        if st.st_size + len(data) <= cap:
+            os.write(fd, data)
+            return
+    finally:
+        os.close(fd)
+    atomic_write(path, data, 0o600)
+
+
 def writer_alive(pid: int) -> bool:
     """Whether process ``pid`` (a temporary's writer) still runs; a zombie does not."""
     if pid == os.getpid():

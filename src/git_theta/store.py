@@ -31,10 +31,13 @@ import mmap
 import os
 import stat
 from collections.abc import Iterable, Iterator
-from typing import BinaryIO, NamedTuple
+from typing import TYPE_CHECKING, BinaryIO, NamedTuple
 
 from git_theta.errors import ObjectCorruptError, ObjectMissingError
 from git_theta.files import TempFile, UnsafeFileError, atomic_write, open_regular, remove_stale
+
+if TYPE_CHECKING:
+    from git_theta.verified import Verified
 
 # What ``read``/``get`` return: bytes, or a read-only mapping of the object's file. Both
 # slice to bytes and give memoryviews.
@@ -165,6 +168,17 @@ class ObjectStore:
         self.root = os.path.join(self.own, "objects")
         self.lfs_root = os.path.join(lfs_dir, "objects")
         self.tmp = os.path.join(lfs_dir, "tmp")
+        self._verified: Verified | None = None
+
+    @property
+    def verified(self) -> Verified:
+        """The record of chains this machine saw rebuild to their hash (verified.py),
+        ``LFS_DIR/theta/verified``: local state, read on first use."""
+        if self._verified is None:
+            from git_theta.verified import Verified
+
+            self._verified = Verified(self.own)
+        return self._verified
 
     def tmp_dir(self) -> str:
         """The directory for temporary files. The first call in a process creates it,

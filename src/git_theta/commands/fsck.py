@@ -167,6 +167,8 @@ def _check_tensor(
             chains.rebuild(name, entry, store, limit=m.size)
     except ThetaError as exc:
         report.say(f"{label}: {exc}")
+        return
+    store.verified.add([entry])  # rebuilt to its hash: an add may reuse it (verified.py)
 
 
 def _check_remote(report: _Report, remote: str, cwd: str) -> None:
@@ -203,6 +205,7 @@ def fsck(revs: list[str], remote: str | None) -> int:
             if key not in seen:
                 seen.add(key)
                 _check_tensor(report, store, label, m, name, entry)
+    store.verified.flush()
     for label, ref in _lfs_pointers(visited, {oid for _, oid, _ in manifests}, top):
         _check_lfs_object(report, store, label, ref)
     if remote is not None:
