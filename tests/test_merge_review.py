@@ -309,3 +309,53 @@ def test_a_locked_index_fails_the_resolution_in_one_line_and_writes_nothing(
     assert err.count("\n") == 1 and "Traceback" not in err, err
     # The work tree still holds what the index's stage 2 says: not a merge left unstaged.
     assert sha256(repo / M) == digest(ours)
+
+
+BOMB = """
+import resource, sys
+from git_theta import codec
+from git_theta.errors import ThetaError
+from git_theta.manifest import Glue, Link, Manifest, TensorEntry
+from git_theta.merging import Values, merge3
+from git_theta.store import ObjectStore
+
+store = ObjectStore(sys.argv[1])
+chunk = codec.CHUNK_WORDS
+one = b"".join(codec.encode(bytes(chunk)))  # one zero chunk, repeated: 64 GiB declared
+magic, version, word, flags, pad, _, words = codec._HEAD.unpack_from(one)
+n = 64 * 1024
+body = one[codec._HEAD.size :] * n
+ref = store.put([codec._HEAD.pack(magic, version, word, flags, pad, n * chunk, words), body])
+glue = store.put(codec.encode(b""))
+
+
+def side(digest: str) -> Manifest:
+    entry = TensorEntry("U8", (n * chunk,), digest, (Link("dense", "gtho1", ref),))
+    return Manifest("safetensors", n * chunk, Glue("0" * 64, glue), ("w",), {"w": entry})
+
+
+resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+try:
+    merge3(side("a" * 64), side("b" * 64), side("c" * 64), Values(store))
+except ThetaError as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+# Fails until merging.py (H7's) refuses a decode far larger than its objects, as checkout does.
+@pytest.mark.xfail(strict=True, reason="merge3 allocates the declared 64 GiB (MemoryError)")
+def test_a_tensor_declaring_far_more_than_its_objects_is_refused_before_decoding(
+    tmp_path: Path,
+) -> None:
+    # A clone whose every side claims a 64 GiB tensor rebuilt from 3.6 MB of objects: the
+    # checkout refuses it (smudge.check_expansion); the merge must too, not allocate it.
+    import subprocess
+    import sys
+
+    script = tmp_path / "bomb.py"
+    script.write_text(BOMB)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "lfs")], capture_output=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr.decode()[-400:]
+    assert done.stdout.startswith(b"ExpansionError "), done.stdout
