@@ -15,7 +15,8 @@ directory first (two models in two directories may both have ``lm_head.weight``)
 previous value from an unrelated model only costs size: the update is encoded against
 bytes rebuilt and verified by hash, and applies exactly. An entry whose content is
 reused is rebuilt and checked against its hash once per process, unless this process
-wrote it: a committed manifest may lie about what its objects hold.
+wrote it or this machine's record (verified.py, through clean's ``verify``) says it
+rebuilds: a committed manifest may lie about what its objects hold.
 
 Loading happens at most once per process and only when needed (``Known`` is lazy); its
 inputs are capped (``history.identity_manifests``), and a manifest that does not parse
