@@ -3,8 +3,8 @@ hostile rules files, manual mode's names, lying or incomplete manifests, real we
 
 from __future__ import annotations
 
-import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +15,7 @@ from test_merge import M, arrays, branches, digest, read_st
 
 from git_theta.commands.cli import main
 from git_theta.errors import ThetaError
+from git_theta.manifest import TensorEntry
 
 
 def conflicted(repo: Path) -> dict[str, np.ndarray]:
@@ -112,54 +113,73 @@ def test_manual_mode_over_a_directory_writes_nothing(
     assert not (repo / f"{M}.theta-ours").exists()
 
 
-def _commit_raw_manifest(repo: Path, manifest: dict[str, object], message: str) -> None:
-    """Commit ``manifest`` as M's blob as it is (a hostile branch), bypassing the filter."""
-    data = json.dumps(manifest, indent=2, sort_keys=True).encode() + b"\n"
+def _commit_raw_manifest(repo: Path, data: bytes, message: str) -> None:
+    """Commit ``data`` as M's blob as it is (a hostile branch), bypassing the filter."""
     blob = git(repo, "hash-object", "-w", "--stdin", stdin=data).stdout.decode().strip()
     git(repo, "update-index", "--cacheinfo", f"100644,{blob},{M}")
     git(repo, "commit", "-q", "-m", message)
 
 
-def _hostile_left(repo: Path, change: object) -> dict[str, np.ndarray]:
-    """Base; left changes d (then its manifest is edited by ``change``); main changes d."""
+def _hostile_left(
+    repo: Path, name: str, change: Callable[[TensorEntry], TensorEntry]
+) -> dict[str, np.ndarray]:
+    """Base; left changes a and d (then its manifest's entry ``name`` is edited by
+    ``change``); main changes d. Returns ours."""
+    from git_theta.manifest import parse
+
     base = arrays()
-    branches(repo, {"d": base["d"] + np.float32(1)}, {"d": base["d"] + np.float32(2)})
+    left = {"a": base["a"] + np.float32(1), "d": base["d"] + np.float32(1)}
+    branches(repo, left, {"d": base["d"] + np.float32(2)})
     git(repo, "checkout", "-q", "left")
-    manifest = json.loads(git(repo, "cat-file", "blob", f"HEAD:{M}").stdout)
-    change(manifest)  # type: ignore[operator]
-    _commit_raw_manifest(repo, manifest, "hostile")
+    manifest = parse(git(repo, "cat-file", "blob", f"HEAD:{M}").stdout)
+    tensors = {**manifest.tensors, name: change(manifest.tensors[name])}
+    data = manifest._replace(tensors=tensors).to_bytes()
+    assert b"Traceback" not in data
+    _commit_raw_manifest(repo, data, "hostile")
     git(repo, "checkout", "-q", "-f", "main")
     return {**base, "d": base["d"] + np.float32(2)}
 
 
-def test_a_lying_hash_fails_the_merge_in_one_line_and_keeps_ours(
-    repo: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def lie(manifest: dict[str, dict[str, dict[str, str]]]) -> None:
-        d = manifest["tensors"]["d"]
-        d["hash"] = ("0" if d["hash"][0] != "0" else "1") + d["hash"][1:]
+def _lie(entry: TensorEntry) -> TensorEntry:
+    return entry._replace(hash=("0" if entry.hash[0] != "0" else "1") + entry.hash[1:])
 
-    ours = _hostile_left(repo, lie)
+
+def _missing(entry: TensorEntry) -> TensorEntry:
+    last = entry.chain[-1]
+    gone = last._replace(ref=last.ref._replace(oid="ab" * 32))
+    return entry._replace(chain=(*entry.chain[:-1], gone))
+
+
+# Fails for "a" until the driver (H7's files) checks that the entries it takes whole from
+# a side are there and rebuild: git's smudge of the merge fails, git stops with "fatal",
+# and the user's checkpoint is deleted from the work tree (status " D").
+_UNCHECKED = pytest.mark.xfail(strict=True, reason="a side's entry is taken unverified")
+
+
+@pytest.mark.parametrize(
+    ("name", "change"),
+    [
+        ("d", _lie),  # changed on both sides: decoded, so checked
+        ("d", _missing),
+        pytest.param("a", _lie, marks=_UNCHECKED),  # changed by theirs only: taken whole
+        pytest.param("a", _missing, marks=_UNCHECKED),
+    ],
+)
+def test_a_lying_or_incomplete_entry_fails_the_merge_in_one_line_and_keeps_ours(
+    repo: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    change: Callable[[TensorEntry], TensorEntry],
+) -> None:
+    ours = _hostile_left(repo, name, change)
     monkeypatch.setenv("GIT_THETA_MERGE_STRATEGY", "average")
     done = git(repo, "merge", "--no-edit", "left", check=False)
-    assert done.returncode != 0
-    assert b"Traceback" not in done.stderr
+    err = done.stderr.decode()
+    assert done.returncode != 0, err
+    assert "Traceback" not in err and "not a git-theta manifest" not in err, err
     assert sha256(repo / M) == digest(ours)
-
-
-def test_a_missing_object_fails_the_merge_in_one_line_and_keeps_ours(
-    repo: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def drop(manifest: dict[str, dict[str, dict[str, list[dict[str, object]]]]]) -> None:
-        chain = manifest["tensors"]["d"]["chain"]
-        chain[-1]["oid"] = "ab" * 32
-
-    ours = _hostile_left(repo, drop)
-    monkeypatch.setenv("GIT_THETA_MERGE_STRATEGY", "average")
-    done = git(repo, "merge", "--no-edit", "left", check=False)
-    assert done.returncode != 0
-    assert b"Traceback" not in done.stderr
-    assert sha256(repo / M) == digest(ours)
+    # No merge commit holds what cannot be checked out.
+    assert git(repo, "rev-parse", "HEAD^2", check=False).returncode != 0
 
 
 def test_a_path_with_spaces_quotes_and_a_newline_merges(repo: Path) -> None:
