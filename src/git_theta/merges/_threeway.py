@@ -235,13 +235,12 @@ class _Combiner:
         """Raise MergeError when the strategy made inf or NaN from finite inputs: params
         from a committed rules file (lambda=1e300) must not turn a model into inf
         silently. NaN or inf already in an input stays a value like any other."""
-        bad = ~np.isfinite(_floats.widen(out, self.dtype))
-        bad &= conflict
+        bad = ~np.isfinite(_floats.widen(out[conflict], self.dtype, copy=False))
         if not bad.any():
             return
         for side in (self.b, self.o, self.t):
             if side is not None:
-                bad &= np.isfinite(_floats.widen(side[start:end], self.dtype))
+                bad &= np.isfinite(_floats.widen(side[start:end][conflict], self.dtype, False))
         count = int(np.count_nonzero(bad))
         if count:
             raise MergeError(
