@@ -238,3 +238,40 @@ def test_a_read_only_store_works_and_verifies_once_per_process(repo: Path, tmp_p
         else:
             for d in [lfs, *(p for p in lfs.rglob("*") if p.is_dir())]:
                 d.chmod(0o755)
+
+
+@pytest.mark.parametrize("where", ["its own staged entry", "another staged name", "another file"])
+def test_no_reuse_path_takes_a_chain_off_the_record_without_a_rebuild(
+    tmp_path: Path, where: str
+) -> None:
+    """Every way clean reuses a chain it did not write (the path's staged entry of the
+    tensor, a staged entry of another name, another file's through identity.py) checks
+    it: a lying one is stored afresh and the manifest rebuilds to the user's bytes."""
+    from git_theta.clean import clean
+    from git_theta.identity import INDEX, Known
+    from git_theta.smudge import smudge
+    from git_theta.store import ObjectStore
+
+    honest = _model()
+    first = clean(io.BytesIO(honest), io.BytesIO(), MODEL, ObjectStore(tmp_path), None,
+                  show_progress=False)  # fmt: skip
+    assert first is not None
+    lying = first.tensors["bias"]._replace(chain=first.tensors["other"].chain)
+    tensors = dict(first.tensors)
+    previous: Manifest | None = None
+    others: list[tuple[int, str, Manifest]] = []
+    if where == "its own staged entry":
+        previous = first._replace(tensors={**tensors, "bias": lying})
+    elif where == "another staged name":
+        del tensors["bias"]
+        previous = first._replace(tensors={**tensors, "zero": lying})
+    else:
+        others = [(INDEX, "other.safetensors", first._replace(tensors={"bias": lying}))]
+    store = ObjectStore(tmp_path)  # another process: the record read from disk
+    out = io.BytesIO()
+    got = clean(io.BytesIO(honest), out, MODEL, store, previous, show_progress=False,
+                known=Known(lambda near: others))  # fmt: skip
+    assert got is not None and got.tensors["bias"].chain != lying.chain
+    rebuilt = io.BytesIO()
+    smudge(io.BytesIO(out.getvalue()), rebuilt, MODEL, ObjectStore(tmp_path), False)
+    assert rebuilt.getvalue() == honest
