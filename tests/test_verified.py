@@ -275,3 +275,16 @@ def test_no_reuse_path_takes_a_chain_off_the_record_without_a_rebuild(
     rebuilt = io.BytesIO()
     smudge(io.BytesIO(out.getvalue()), rebuilt, MODEL, ObjectStore(tmp_path), False)
     assert rebuilt.getvalue() == honest
+
+
+def test_fsck_records_what_it_rebuilt(
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from git_theta.commands.cli import main
+
+    clone = _honest_clone(repo, tmp_path)
+    _record(clone).unlink()
+    monkeypatch.chdir(clone)
+    assert main(["fsck"]) == 0
+    _, _, rebuilt = _clean_in_process(clone)
+    assert rebuilt == 0
