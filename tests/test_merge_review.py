@@ -379,3 +379,20 @@ def test_a_tensor_declaring_far_more_than_its_objects_is_refused_before_decoding
     )
     assert done.returncode == 0, done.stderr.decode()[-400:]
     assert done.stdout.startswith(b"ExpansionError "), done.stdout
+
+
+def test_an_answer_longer_than_the_prompt_reads_is_not_taken_for_the_next_one() -> None:
+    # readline(4096) returned the first 4,096 characters, and the rest of the same line
+    # was read as the answer to the next question ("theirs" for a tensor never shown).
+    import io
+
+    from git_theta.merge_prompt import MAX_ANSWER, Prompt
+    from git_theta.merging import Question
+
+    answers = io.StringIO(" " * MAX_ANSWER + " theirs\nskip\n")
+    out = io.StringIO()
+    prompt = Prompt(answers, M, ["average", "ours", "theirs"], out)
+    question = Question("d", "dtype or shape changed", False, (None, None, None))
+    assert prompt(question) is None  # the long line is refused, "skip" is the answer
+    assert "answer is over 4,096 characters" in out.getvalue()
+    assert not prompt.stopped

@@ -108,6 +108,12 @@ class Prompt:
             if not line:  # end of input: stop asking
                 self.stopped = True
                 return None
+            if len(line) >= MAX_ANSWER and not line.endswith("\n"):
+                # The rest of this line must not be read as the next answer.
+                while line and not line.endswith("\n"):
+                    line = self.answers.readline(MAX_ANSWER)
+                say(f"  the answer is over {MAX_ANSWER:,} characters; answer again\n")
+                continue
             answer = self._answer(question.name, line.split())
             if answer is not False and answer is not True:
                 return answer
