@@ -396,3 +396,30 @@ def test_an_answer_longer_than_the_prompt_reads_is_not_taken_for_the_next_one() 
     assert prompt(question) is None  # the long line is refused, "skip" is the answer
     assert "answer is over 4,096 characters" in out.getvalue()
     assert not prompt.stopped
+
+
+@pytest.mark.parametrize(
+    ("strategy", "word", "allowed"),
+    [
+        ("ties", "density=1e308", "a number in (0, 1]"),
+        ("dare", "seed=-1", "an integer in [0, 9.22337e+18]"),
+        ("average", "weight=nan", "a number in [0, 1]"),
+        ("task-arithmetic", "ours_weight=NaN", "a number"),
+        ("slerp", "t=inf", "a number in [0, 1]"),
+        ("task-arithmetic", "lambda=1e999", "a number"),
+        ("dare", "seed=" + "9" * 5000, "an integer in [0, 9.22337e+18]"),
+    ],
+)
+def test_absurd_param_values_in_the_rules_file_are_refused_in_one_line(
+    strategy: str, word: str, allowed: str
+) -> None:
+    from git_theta.merge_rules import parse_rules
+
+    with pytest.raises(ThetaError) as info:
+        parse_rules(f"* {strategy} {word}\n", ".theta-merges")
+    key, _, value = word.partition("=")
+    value = value if len(value) <= 60 else value[:57] + "..."
+    assert str(info.value) == (
+        f".theta-merges:1: merge strategy {strategy}: {key}={value!r} is not allowed "
+        f"({key} takes {allowed})"
+    )

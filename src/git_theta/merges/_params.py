@@ -28,8 +28,9 @@ def _allowed(param: Param) -> str:
 
 
 def _convert(strategy: MergeStrategy, param: Param, text: str) -> ParamValue:
+    shown = text if len(text) <= 60 else text[:57] + "..."  # a rules file's line may be 1 MiB
     bad = UsageError(
-        f"merge strategy {strategy.name}: {param.name}={text!r} is not allowed "
+        f"merge strategy {strategy.name}: {param.name}={shown!r} is not allowed "
         f"({param.name} takes {_allowed(param)})"
     )
     value: ParamValue
