@@ -101,8 +101,8 @@ def test_a_hostile_chain_for_a_zero_bias_is_not_copied_into_the_users_commit(
     # Said once, naming the tensor.
     lines = [ln for ln in added.stderr.decode().splitlines() if ln.startswith("git-theta:")]
     assert lines == [
-        f"git-theta: {MODEL}: tensor 'bias''s staged version does not rebuild to its hash; "
-        "stored it afresh"
+        f"git-theta: warning: {MODEL}: tensor 'bias''s staged version does not rebuild to its "
+        "hash; stored it afresh"
     ]
 
 

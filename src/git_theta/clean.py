@@ -257,11 +257,8 @@ def _clean_spans(
         if own and (path, name) not in _warned:
             _warned.add((path, name))
             sys.stderr.write(
-                escape(
-                    f"git-theta: {path}: tensor {quote(name)}'s staged version does not "
-                    "rebuild to its hash; stored it afresh"
-                )
-                + "\n"
+                f"git-theta: warning: {escape(path)}: tensor {quote(name)}'s staged version "
+                "does not rebuild to its hash; stored it afresh\n"
             )
         return None
 

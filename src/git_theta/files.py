@@ -307,8 +307,10 @@ def append_record(path: str, data: bytes, cap: int) -> None:
         raise _refuse(path, None, path, "a regular file", exc) from None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
-            raise UnsafeFileError(f"{path} is not a regular file of ours; refused")
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeFileError(f"{path} is {kind_of(st.st_mode)}, not a regular file; refused")
+        if st.st_uid != os.getuid():
+            raise UnsafeFileError(f"{path} belongs to uid {st.st_uid}, not to us; refused")
         if st.st_size + len(data) <= cap:
             os.write(fd, data)
             return
