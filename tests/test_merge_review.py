@@ -423,3 +423,15 @@ def test_absurd_param_values_in_the_rules_file_are_refused_in_one_line(
         f".theta-merges:1: merge strategy {strategy}: {key}={value!r} is not allowed "
         f"({key} takes {allowed})"
     )
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["* " + "x" * 100_000, "* average " + "y" * 100_000, "* average " + "k" * 100_000 + "=1"],
+)
+def test_a_huge_word_in_the_rules_file_is_not_echoed_whole(line: str) -> None:
+    from git_theta.merge_rules import parse_rules
+
+    with pytest.raises(ThetaError) as info:
+        parse_rules(line + "\n", ".theta-merges")
+    assert len(str(info.value)) < 300, str(info.value)[:200]

@@ -38,19 +38,20 @@ def check_choice(strategy: str, words: list[str], where: str) -> Choice:
     Raises UsageError (UnknownPluginError) starting with ``where`` for an unknown
     strategy, a word that is not ``k=v``, or a param the strategy refuses."""
     from git_theta.merges import MERGES
+    from git_theta.merges._params import shown
     from git_theta.merges.base import parse_params
 
     try:
-        plugin = MERGES.get(strategy)
+        plugin = MERGES.get(shown(strategy))  # a cut name is no plugin's either
     except UnknownPluginError as exc:
         raise UnknownPluginError(f"{where}: {exc}") from None
     params: dict[str, str] = {}
     for word in words:
         key, eq, value = word.partition("=")
         if not eq or not key:
-            raise UsageError(f"{where}: expected PARAM=VALUE, got {word!r}")
+            raise UsageError(f"{where}: expected PARAM=VALUE, got {shown(word)!r}")
         if key in params:
-            raise UsageError(f"{where}: {key} is given twice")
+            raise UsageError(f"{where}: {shown(key)} is given twice")
         params[key] = value
     try:
         parse_params(plugin, params)

@@ -27,10 +27,15 @@ def _allowed(param: Param) -> str:
     return f"{what} in {left}{low}, {high}{']' if param.high is not None else ')'}"
 
 
+def shown(text: str) -> str:
+    """``text`` for a message, cut to 60 characters (a committed rules file's line may be
+    1 MiB, all of it echoed to the terminal)."""
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _convert(strategy: MergeStrategy, param: Param, text: str) -> ParamValue:
-    shown = text if len(text) <= 60 else text[:57] + "..."  # a rules file's line may be 1 MiB
     bad = UsageError(
-        f"merge strategy {strategy.name}: {param.name}={shown!r} is not allowed "
+        f"merge strategy {strategy.name}: {param.name}={shown(text)!r} is not allowed "
         f"({param.name} takes {_allowed(param)})"
     )
     value: ParamValue
@@ -63,7 +68,7 @@ def parse(strategy: MergeStrategy, raw: Mapping[str, str]) -> dict[str, ParamVal
         if name not in declared:
             known = ", ".join(declared) or "none"
             raise UsageError(
-                f"merge strategy {strategy.name} has no param {name!r} (params: {known})"
+                f"merge strategy {strategy.name} has no param {shown(name)!r} (params: {known})"
             )
     out: dict[str, ParamValue] = {}
     for name, param in declared.items():
