@@ -279,3 +279,101 @@ def test_a_git_lfs_merge_base_that_is_not_local_is_one_line(
     assert "git lfs fetch" in said[0]
     git(repo, "merge", "--abort")
     assert sha256(repo / M) == before
+
+
+def test_a_merged_tensor_is_one_update_on_the_base_when_that_is_clearly_smaller(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two full fine-tunes: on ours' chain the merged value would take two updates.
+    base = arrays()
+    rng = np.random.default_rng(11)
+    noise = {n: rng.standard_normal((32, 32)).astype(np.float32) * 1e-4 for n in "cd"}
+    branches(
+        repo,
+        {n: base[n] + noise[n] for n in "cd"},
+        {n: base[n] - noise[n] * np.float32(0.5) for n in "cd"},
+    )
+    monkeypatch.setenv("GIT_THETA_MERGE_STRATEGY", "average")
+    before = lfs_objects(repo)
+    git(repo, "merge", "-q", "--no-edit", "left")
+    old = json.loads(git(repo, "cat-file", "blob", f"HEAD~2:{M}").stdout)["tensors"]
+    new = json.loads(git(repo, "cat-file", "blob", f"HEAD:{M}").stdout)["tensors"]
+    for name in "cd":
+        assert new[name]["chain"][:-1] == old[name]["chain"], name
+        assert new[name]["chain"][-1]["update"] == "delta", name
+    assert len(lfs_objects(repo) - before) == 2  # one update per merged tensor
+    want = {**base, **{n: base[n] + noise[n] * np.float32(0.25) for n in "cd"}}
+    got = read_st(repo / M)
+    for name, value in want.items():
+        np.testing.assert_allclose(got[name], value, rtol=0, atol=1e-7, err_msg=name)
+    assert git(repo, "status", "--porcelain").stdout == b""
+
+
+def full_merge(repo: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, np.ndarray]:
+    """Both sides change every element of c and d; merged with average; returns base."""
+    base = arrays()
+    rng = np.random.default_rng(12)
+    noise = {n: rng.standard_normal((32, 32)).astype(np.float32) * 1e-3 for n in "cd"}
+    branches(repo, {n: base[n] + noise[n] for n in "cd"}, {n: base[n] - noise[n] for n in "cd"})
+    monkeypatch.setenv("GIT_THETA_MERGE_STRATEGY", "average")
+    return base
+
+
+def test_the_checkout_after_a_merge_takes_the_values_it_computed(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The merged values are left for git's checkout of the result, which takes them
+    # (the objects just stored are not read: deleting them does not matter) and removes
+    # them; a later checkout decodes as always.
+    full_merge(repo, monkeypatch)
+    kept = repo / ".git" / "lfs" / "theta" / "merged"
+    before = lfs_objects(repo)
+    objects = repo / ".git" / "lfs" / "theta" / "objects"
+    hidden = repo.parent / "hidden"
+    hidden.mkdir()
+    listed = repo.parent / "before.txt"
+    listed.write_text("".join(f"{p}\n" for p in sorted(map(str, objects.rglob("*")))))
+    # Run the driver, then hide what it stored before git's checkout reads anything.
+    driver = git(repo, "config", "merge.theta.driver").stdout.decode().strip()
+    wrapper = repo.parent / "driver.sh"
+    wrapper.write_text(
+        "#!/bin/sh\nset -e\n"
+        + driver.replace("%O", '"$1"').replace("%A", '"$2"').replace("%B", '"$3"')
+        .replace("%P", '"$4"').replace("exec ", "")
+        + f"\nfor f in $(find {objects} -type f | sort | comm -13 {listed} -); do\n"
+        f"  cp -p $f {hidden}/; chmod u+w $f; head -c $(stat -c %s $f) /dev/zero > $f.z\n"
+        "  mv $f.z $f\ndone\n"
+    )  # fmt: skip
+    wrapper.chmod(0o755)
+    git(repo, "-c", f"merge.theta.driver={wrapper} %O %A %B %P", "merge", "-q", "--no-edit", "left")
+    assert len(list(hidden.iterdir())) == 2  # the updates of c and d, made unreadable
+    assert not kept.exists() or not list(kept.iterdir())
+    merged = read_st(repo / M)
+    for path in hidden.iterdir():  # put them back: a fresh checkout decodes them
+        dest = objects / path.name[:2] / path.name[2:4] / path.name
+        dest.chmod(0o644)
+        path.replace(dest)
+    assert lfs_objects(repo) - before == {p.name for p in hidden.iterdir()} | {
+        p.name for p in (objects).rglob("*") if p.is_file() and p.name not in before
+    }
+    (repo / M).unlink()
+    git(repo, "checkout", "--", M)
+    for name, value in read_st(repo / M).items():
+        np.testing.assert_array_equal(value, merged[name], err_msg=name)
+    assert git(repo, "status", "--porcelain").stdout == b""
+
+
+def test_a_left_value_whose_bytes_do_not_match_is_never_checked_out(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    full_merge(repo, monkeypatch)
+    git(repo, "merge", "-q", "--no-edit", "left")
+    want = sha256(repo / M)
+    entry = json.loads(git(repo, "cat-file", "blob", f"HEAD:{M}").stdout)["tensors"]["c"]
+    kept = repo / ".git" / "lfs" / "theta" / "merged"
+    kept.mkdir(parents=True, exist_ok=True)
+    (kept / entry["hash"]).write_bytes(bytes(32 * 32 * 4))  # the right size, wrong bytes
+    (repo / M).unlink()
+    git(repo, "checkout", "--", M)
+    assert sha256(repo / M) == want
+    assert not (kept / entry["hash"]).exists()

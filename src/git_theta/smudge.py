@@ -15,7 +15,15 @@ from git_theta import chains, lfs_pointer
 from git_theta.content import content_hash, content_hash_of
 from git_theta.display import quote
 from git_theta.errors import ObjectCorruptError, ObjectMissingError, ThetaError, UsageError
-from git_theta.manifest import MAX_BYTES, PREFIX, Manifest, glue_size, is_manifest, parse
+from git_theta.manifest import (
+    MAX_BYTES,
+    PREFIX,
+    Manifest,
+    glue_size,
+    is_manifest,
+    parse,
+    tensor_nbytes,
+)
 from git_theta.parallel import ordered_map
 from git_theta.progress import Progress
 from git_theta.protocol.filter_process import Sink, Source
@@ -219,8 +227,18 @@ def write_checkpoint(
         with contextlib.suppress(ThetaError):  # unknown: the rebuild names the tensor
             UPDATES.get(key)
 
+    unrebuilt: set[str] = set()
+
     def rebuild(name: str) -> bytearray | None:
         entry = manifest.tensors[name]
+        size = tensor_nbytes(entry.dtype, entry.shape) if entry.merge is not None else None
+        if size:  # a merge may have left the value it computed, hash-checked on use
+            from git_theta import merged_values
+
+            kept = merged_values.take(store, entry, size)
+            if kept is not None:
+                unrebuilt.add(name)  # its chain was not seen to rebuild it
+                return kept
         if chains.streamable(entry):
             return None  # written chunk by chunk below, in order
         return chains.rebuild(name, entry, store, limit=manifest.size)
@@ -253,7 +271,7 @@ def write_checkpoint(
     progress.close()
     # Every tensor rebuilt to its hash (each raises otherwise): a later add of these
     # bytes reuses the chains without rebuilding them (verified.py).
-    store.verified.add(manifest.tensors.values())
+    store.verified.add(e for n, e in manifest.tensors.items() if n not in unrebuilt)
     store.verified.flush()
 
 

@@ -1,0 +1,89 @@
+"""Tensor values a merge just computed, kept for the checkout that follows it.
+
+git stores the merge driver's manifest and then checks it out through the smudge filter,
+which would decode every merged tensor again (the base, then the update the merge just
+encoded). The driver leaves each merged value's bytes in ``LFS_DIR/theta/merged/HASH``;
+the smudge takes it from there instead: the file is read, removed, and used only when its
+bytes have the entry's content hash (anything else is decoded as always, so a stale,
+partial or planted file never reaches the work tree). Files a checkout never took (a
+merge without a work tree, ``git merge-tree``) are removed by the next merge after
+STALE seconds. Every failure here is silent: the values are a shortcut, never needed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from git_theta.manifest import TensorEntry
+    from git_theta.store import ObjectStore
+
+DIR = "merged"
+STALE = 600  # seconds
+
+
+def _dir(store: ObjectStore) -> str:
+    return os.path.join(store.own, DIR)
+
+
+def keep(store: ObjectStore, hash_: str, data: memoryview) -> None:
+    """Leave ``data`` (a merged value whose content hash is ``hash_``) for the checkout."""
+    folder = _dir(store)
+    final = os.path.join(folder, hash_)
+    temp = f"{final}.{os.getpid()}.tmp"
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(temp, "wb") as fh:
+            fh.write(data)
+        os.replace(temp, final)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+
+
+def take(store: ObjectStore, entry: TensorEntry, size: int) -> bytearray | None:
+    """The value left for ``entry`` (``size`` bytes), removed from the directory; None
+    when there is none or its bytes do not have the entry's hash."""
+    from git_theta.content import content_hash
+
+    path = os.path.join(_dir(store), entry.hash)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    try:
+        if os.fstat(fd).st_size != size:
+            return None
+        value = bytearray(size)
+        view, got = memoryview(value), 0
+        while got < size:
+            n = os.readv(fd, [view[got:]])
+            if n <= 0:
+                return None
+            got += n
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    return value if content_hash(value) == entry.hash else None
+
+
+def sweep(store: ObjectStore) -> None:
+    """Remove values older than STALE seconds (left by a merge no checkout followed)."""
+    import time
+
+    folder = _dir(store)
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    cutoff = time.time() - STALE
+    for name in names:
+        path = os.path.join(folder, name)
+        with contextlib.suppress(OSError):
+            if os.lstat(path).st_mtime < cutoff:
+                os.unlink(path)
