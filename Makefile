@@ -40,8 +40,10 @@ NUMPY_SUITES := tests/test_codec.py tests/test_updates.py tests/test_factored.py
 	tests/test_clean_errors.py tests/test_golden.py tests/test_golden_objects.py \
 	tests/test_golden_manifests.py tests/test_fuzz.py tests/test_hostile_objects.py
 
+# Two workers: a test spends most of its time in git and git-lfs processes, and each
+# test has its own HOME and repositories (conftest.py), so they do not share state.
 test: lint
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q -n 2
 	GIT_THETA_KERNELS=numpy PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q $(NUMPY_SUITES)
 
 # >= 10,000 hostile files of every format and hostile manifests (docs/reliability.md);
