@@ -32,11 +32,14 @@ def test_a_huge_glob_in_the_rules_file_is_refused_in_one_line(repo: Path) -> Non
     # tensor: a two-fine-tune merge of a 1,000-tensor model took minutes.
     from git_theta.merge_rules import parse_rules
 
-    with pytest.raises(ThetaError) as info:
-        parse_rules("*a" * 400_000 + " average\n", ".theta-merges")
-    assert str(info.value) == (
-        ".theta-merges:1: the tensor glob is over 1,024 characters; no tensor name needs that"
-    )
+    for glob in ("*a" * 400_000, "*a" * 505, "*" * 17, "x" * 257):
+        with pytest.raises(ThetaError) as info:
+            parse_rules(f"ok.* average\n{glob} average\n", ".theta-merges")
+        assert str(info.value) == (
+            ".theta-merges:2: the tensor glob is over 256 characters or 16 stars; no tensor "
+            "name needs that"
+        )
+    assert len(parse_rules("*" * 16 + "x" * 240 + " average\n", ".theta-merges")) == 1
 
 
 def test_too_many_rules_are_refused(repo: Path) -> None:
