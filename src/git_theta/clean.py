@@ -309,9 +309,9 @@ def _clean_spans(
             same = reuse.get((digest, span.dtype, size)) or reuse.get((digest, span.dtype, None))
             if same is not None:
                 chain = from_staged(same[0], same[1], size, own=False)
-            if not reusable(chain):
+            if chain is None:
                 chain = from_elsewhere(digest, job, prev is not None)
-        if not reusable(chain):
+        if chain is None:  # from_staged and from_elsewhere checked the objects are here
             if prev is None and known is not None:
                 # Moved and changed: a change against its value in the file it left.
                 prev = known.previous(span.name, span.dtype, span.shape, path)
