@@ -494,3 +494,17 @@ def test_uncommitted_changes_survive_a_conflicted_merge_and_its_resolution(repo:
     assert (repo / M).read_bytes() == mine
     assert main(["merge", "--strategy", "average", M]) != 0
     assert (repo / M).read_bytes() == mine
+
+
+def test_end_of_input_at_the_prompt_leaves_this_and_every_later_tensor_in_conflict() -> None:
+    import io
+
+    from git_theta.merge_prompt import Prompt
+    from git_theta.merging import Question
+
+    out = io.StringIO()
+    prompt = Prompt(io.StringIO(""), "m\x1b[2J.safetensors", ["average"], out)
+    first = Question("d\x1b]0;pwned\x07", "dtype or shape changed", False, (None, None, None))
+    assert prompt(first) is None and prompt.stopped
+    assert prompt(Question("e", "dtype or shape changed", False, (None, None, None))) is None
+    assert "\x1b" not in out.getvalue() and "\x07" not in out.getvalue()  # names escaped
