@@ -377,3 +377,23 @@ def test_a_left_value_whose_bytes_do_not_match_is_never_checked_out(
     git(repo, "checkout", "--", M)
     assert sha256(repo / M) == want
     assert not (kept / entry["hash"]).exists()
+
+
+def test_a_merge_leaves_no_more_than_the_cap_of_values(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A sharded model's drivers all run before git checks any file out: the values left
+    # at once are capped, and what is not left is decoded as always.
+    from git_theta import merged_values
+    from git_theta.repo import Repo
+
+    monkeypatch.setattr(merged_values, "MAX_KEPT", 32 * 32 * 4)  # one of the two tensors
+    base = full_merge(repo, monkeypatch)
+    merged_values.sweep(Repo(str(repo)).store)
+    kept = repo / ".git" / "lfs" / "theta" / "merged"
+    store = Repo(str(repo)).store
+    merged_values.keep(store, "a" * 64, memoryview(bytes(32 * 32 * 4)))
+    merged_values.keep(store, "b" * 64, memoryview(bytes(32 * 32 * 4)))
+    assert sorted(p.name for p in kept.iterdir()) == ["a" * 64]
+    git(repo, "merge", "-q", "--no-edit", "left")
+    assert read_st(repo / M).keys() == base.keys()

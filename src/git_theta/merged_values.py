@@ -7,13 +7,15 @@ the smudge takes it from there instead: the file is read, removed, and used only
 bytes have the entry's content hash (anything else is decoded as always, so a stale,
 partial or planted file never reaches the work tree). Files a checkout never took (a
 merge without a work tree, ``git merge-tree``) are removed by the next merge after
-STALE seconds. Every failure here is silent: the values are a shortcut, never needed.
+STALE seconds, and at most MAX_KEPT bytes are left at once. Every failure here is
+silent: the values are a shortcut, never needed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -22,6 +24,11 @@ if TYPE_CHECKING:
 
 DIR = "merged"
 STALE = 600  # seconds
+# Bytes left at once: a merge of a sharded model runs every file's driver before git
+# checks any out, and the disk should not have to hold a second copy of a large model.
+MAX_KEPT = 4 << 30
+_room = [0]  # bytes this process may still leave (set by ``sweep``)
+_lock = threading.Lock()
 
 
 def _dir(store: ObjectStore) -> str:
@@ -30,6 +37,10 @@ def _dir(store: ObjectStore) -> str:
 
 def keep(store: ObjectStore, hash_: str, data: memoryview) -> None:
     """Leave ``data`` (a merged value whose content hash is ``hash_``) for the checkout."""
+    with _lock:
+        if len(data) > _room[0]:
+            return
+        _room[0] -= len(data)
     folder = _dir(store)
     final = os.path.join(folder, hash_)
     temp = f"{final}.{os.getpid()}.tmp"
@@ -73,17 +84,24 @@ def take(store: ObjectStore, entry: TensorEntry, size: int) -> bytearray | None:
 
 
 def sweep(store: ObjectStore) -> None:
-    """Remove values older than STALE seconds (left by a merge no checkout followed)."""
+    """Remove values older than STALE seconds (left by a merge no checkout followed), and
+    allow this process to leave what keeps the directory within MAX_KEPT bytes."""
     import time
 
     folder = _dir(store)
     try:
         names = os.listdir(folder)
     except OSError:
-        return
+        names = []
     cutoff = time.time() - STALE
+    held = 0
     for name in names:
         path = os.path.join(folder, name)
         with contextlib.suppress(OSError):
-            if os.lstat(path).st_mtime < cutoff:
+            info = os.lstat(path)
+            if info.st_mtime < cutoff:
                 os.unlink(path)
+            else:
+                held += info.st_size
+    with _lock:
+        _room[0] = max(0, MAX_KEPT - held)

@@ -142,18 +142,20 @@ def _merge(
     rule: Rule
     rule, whole = load_rule(str(repo.cwd or "."), forced)
     ask = _prompt(path) if interactive else None
+    from git_theta import merged_values
+
+    merged_values.sweep(repo.store)
     values = Values(repo.store, repo.downloader.fetch, keep=True)  # for the checkout
     return merge3(base, ours, theirs, values, rule, ask, whole)
 
 
 def merge_driver(base: str, ours: str, theirs: str, path: str) -> int:
     """Write the merge into ``ours``; exit 0 when clean, 1 with the conflicts listed."""
-    from git_theta import git, merged_values
+    from git_theta import git
     from git_theta.repo import Repo
 
     repo = Repo(str(git.toplevel()))
     try:
-        merged_values.sweep(repo.store)
         o, t = _read(ours, repo, escape(path)), _read(theirs, repo, escape(path))
         if o is None or t is None:
             sys.stderr.write(
