@@ -224,9 +224,11 @@ def test_merge_command_outside_a_conflict_is_one_line(
     assert "merge strategy ties has no param 'densty'" in capsys.readouterr().err
 
 
-def lfs_then_theta(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, dict]:
+def lfs_then_theta(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, right: str = "c"
+) -> tuple[Path, dict]:
     """A model committed with plain Git LFS, then tracked by git-theta; branch left
-    changes 'b', main changes 'c': the merge base is a Git LFS pointer."""
+    changes 'b', main changes ``right``: the merge base is a Git LFS pointer."""
     repo = tmp_path / "mixed"
     repo.mkdir()
     git(repo, "init", "-q", "-b", "main")
@@ -244,7 +246,7 @@ def lfs_then_theta(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Pat
     git(repo, "checkout", "-q", "-b", "left")
     save_commit(repo, {**base, "b": base["b"] + np.float32(1)}, "left")
     git(repo, "checkout", "-q", "main")
-    save_commit(repo, {**base, "c": base["c"] * np.float32(2)}, "right")
+    save_commit(repo, {**base, right: base[right] * np.float32(2)}, "right")
     assert git(repo, "show", "HEAD~2:" + M).stdout.startswith(b"version https://git-lfs")
     return repo, base
 
@@ -397,3 +399,19 @@ def test_a_merge_leaves_no_more_than_the_cap_of_values(
     assert sorted(p.name for p in kept.iterdir()) == ["a" * 64]
     git(repo, "merge", "-q", "--no-edit", "left")
     assert read_st(repo / M).keys() == base.keys()
+
+
+def test_git_theta_merge_resolves_a_conflict_whose_base_is_a_git_lfs_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from safetensors.numpy import load_file
+
+    repo, base = lfs_then_theta(tmp_path, monkeypatch, right="b")
+    assert git(repo, "merge", "--no-edit", "left", check=False).returncode == 1
+    assert main(["merge", "--strategy", "average", M]) == 0
+    got = load_file(str(repo / M))
+    want = (base["b"] + np.float32(1) + base["b"] * np.float32(2)) / np.float32(2)
+    np.testing.assert_allclose(got["b"], want, rtol=0, atol=1e-7)
+    np.testing.assert_array_equal(got["c"], base["c"])
+    git(repo, "commit", "-q", "--no-edit")
+    assert git(repo, "status", "--porcelain").stdout == b""
