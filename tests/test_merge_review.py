@@ -454,8 +454,6 @@ def test_resolving_does_not_overwrite_a_checkpoint_the_user_merged_by_hand(
     assert (repo / M).read_bytes() == own
 
 
-# Fails until install.py writes `merge-driver -- %O %A %B %P` (as clean and smudge have "--").
-@pytest.mark.xfail(strict=True, reason="the driver takes %P for an option")
 @pytest.mark.parametrize("name", ["-x.safetensors", "--help.safetensors"])
 def test_a_path_that_looks_like_an_option_merges(repo: Path, name: str) -> None:
     # git substitutes %P as the path; without a "--" before it the driver took

@@ -56,7 +56,7 @@ def settings(server: bool = False) -> list[tuple[str, str]]:
         ("diff.theta.textconv", command("textconv")),
         ("diff.theta.cachetextconv", "true"),
         ("merge.theta.name", "git-theta: merge checkpoints tensor by tensor"),
-        ("merge.theta.driver", command("merge-driver") + " %O %A %B %P"),
+        ("merge.theta.driver", command("merge-driver", "--") + " %O %A %B %P"),
     ]
 
 
