@@ -291,8 +291,6 @@ def test_tensors_left_in_conflict_do_not_keep_their_values_in_memory(repo: Path)
     assert peak < model, f"peak {peak / 2**20:.1f} MiB for a {model / 2**20:.0f} MiB model"
 
 
-# Fails until commands/merge.py's _read (H7's) names the path, not git's temporary.
-@pytest.mark.xfail(strict=True, reason="the message names .merge_file_XXXXXX")
 def test_a_non_theta_blob_on_their_side_is_named_by_its_path(repo: Path) -> None:
     base = arrays()
     branches(repo, {"d": base["d"] + np.float32(1)}, {"d": base["d"] + np.float32(2)})
@@ -307,7 +305,10 @@ def test_a_non_theta_blob_on_their_side_is_named_by_its_path(repo: Path) -> None
     err = done.stderr.decode()
     assert "Traceback" not in err
     assert ".merge_file_" not in err, err  # git's temporary means nothing to the user
-    assert f"{M}" in err
+    assert (
+        f"git-theta: error: {M}: their version is not a git-theta checkpoint; keep one side "
+        f"with `git checkout --ours {M}` or `git checkout --theirs {M}`, then `git add {M}`\n"
+    ) in err, err
     assert sha256(repo / M) == digest(ours)
 
 

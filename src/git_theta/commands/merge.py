@@ -37,10 +37,14 @@ class MergeConflictError(ThetaError):
     """Tensors stay in conflict after a ``git theta merge``."""
 
 
-def _read(path: str, repo: Repo | None = None, shown: str = "") -> Manifest | None:
+def _read(
+    path: str, repo: Repo | None = None, shown: str = "", side: str = "one version"
+) -> Manifest | None:
     """The manifest in ``path`` (None for an empty file: that side has no version); with
     ``repo``, a Git LFS pointer (a version from before git-theta tracked the path) is
-    read as the manifest of the checkpoint it names (``lfs_manifest``)."""
+    read as the manifest of the checkpoint it names (``lfs_manifest``). Raises
+    ManifestError naming ``shown`` (the user's path, not git's temporary file) and
+    ``side`` when the file is neither."""
     from git_theta.files import open_regular
 
     with open_regular(path) as fh:
@@ -54,8 +58,17 @@ def _read(path: str, repo: Repo | None = None, shown: str = "") -> Manifest | No
             ref = lfs_pointer.parse(data)
             if ref is not None:
                 return lfs_manifest(ref, repo, shown or path)
-        raise ManifestError(f"{path} is not a git-theta manifest")
-    return parse(data)
+        shown = shown or path
+        raise ManifestError(
+            f"{shown}: {side} is not a git-theta checkpoint; keep one side with "
+            f"`git checkout --ours {shown}` or `git checkout --theirs {shown}`, then "
+            f"`git add {shown}`"
+        )
+    try:
+        return parse(data)
+    except ManifestError as exc:
+        exc.args = (f"{shown or path} ({side}): {exc}",)
+        raise
 
 
 def lfs_manifest(ref: ObjectRef, repo: Repo, shown: str) -> Manifest:
@@ -156,14 +169,15 @@ def merge_driver(base: str, ours: str, theirs: str, path: str) -> int:
 
     repo = Repo(str(git.toplevel()))
     try:
-        o, t = _read(ours, repo, escape(path)), _read(theirs, repo, escape(path))
+        shown = escape(path)
+        o, t = _read(ours, repo, shown, "our version"), _read(theirs, repo, shown, "their version")
         if o is None or t is None:
             sys.stderr.write(
                 f"git-theta: {escape(path)}: deleted on one side and changed on the other; "
                 f"`git rm {escape(path)}` or `git add {escape(path)}` to resolve\n"
             )
             return 1
-        b = _read(base, repo, escape(path))
+        b = _read(base, repo, shown, "the merge base's version")
         result = _merge(path, b, o, t, repo, None, interactive=True)
     finally:
         repo.close()
