@@ -249,8 +249,6 @@ def test_real_minilm_average_is_the_float32_mean_rounded_once(
     assert git(repo, "status", "--porcelain").stdout == b""
 
 
-# Fails until merging.py (H7's) stops holding every asked tensor's values (see the report).
-@pytest.mark.xfail(strict=True, reason="merge3 keeps 3 values of every conflicted tensor")
 def test_tensors_left_in_conflict_do_not_keep_their_values_in_memory(repo: Path) -> None:
     # With no strategy and no terminal (a script, CI, git's driver without a tty), every
     # tensor both sides changed is a conflict; their three decoded values must not all be
@@ -366,8 +364,6 @@ except ThetaError as exc:
 """
 
 
-# Fails until merging.py (H7's) refuses a decode far larger than its objects, as checkout does.
-@pytest.mark.xfail(strict=True, reason="merge3 allocates the declared 64 GiB (MemoryError)")
 def test_a_tensor_declaring_far_more_than_its_objects_is_refused_before_decoding(
     tmp_path: Path,
 ) -> None:

@@ -346,6 +346,8 @@ def merge3(
     ours' entry. Raises a ThetaError when values cannot be read or a strategy or its
     params are unknown.
     """
+    if values is not None:
+        _check_expansion(base, ours, theirs)
     b_tensors = base.tensors if base else {}
     result = MergeResult(ours)
     tensors: dict[str, TensorEntry] = {}
@@ -414,6 +416,18 @@ def merge3(
     result.manifest = merged
     result.records = {n: r for n, r in result.records.items() if n in merged.tensors}
     return result
+
+
+def _check_expansion(*sides: Manifest | None) -> None:
+    """Refuse, as a checkout does (smudge.check_expansion: same rule, message and
+    setting), a side whose values would be far larger than its objects: a few MB that
+    decode to zeros declaring 64 GiB must not be allocated by the merge. Raises
+    ExpansionError."""
+    from git_theta.smudge import check_expansion
+
+    for side in sides:
+        if side is not None:
+            check_expansion(side)
 
 
 def _zip_formats() -> frozenset[str]:
@@ -579,8 +593,10 @@ def _merge_both(
         except MergeError as exc:
             return "conflict", exc, choice
         if done.merged and choice is None:
+            # Only the count is kept: three values of every conflicted tensor held until
+            # the end were 3x the model in memory. The prompt decodes them again.
             question = Question(name, "changed on both sides", True, entries3)
-            question.values, question.both = tuple(values), done.merged
+            question.both = done.merged
             return "ask", question, None
         values[2] = None  # theirs is not needed to store the result
         return (
@@ -610,14 +626,16 @@ def _merge_both(
     # The prompt, one tensor at a time, after the merges that needed none.
     for question in asked:
         name = question.name
-        choice = merger.ask(question) if merger.ask is not None else None
+        entries3 = (b_tensors.get(name), ours.tensors[name], theirs.tensors[name])
+        choice = None
+        if merger.ask is not None:
+            values = merger.decode(name, entries3, size)
+            question.values = tuple(values)  # for the prompt's statistics
+            choice = merger.ask(question)
+            question.values = ()
         if choice is None:
             conflict(name, f"{question.both:,} elements changed differently on both sides")
-            question.values = ()
             continue
-        values = list(question.values)
-        question.values = ()
-        entries3 = (b_tensors.get(name), ours.tensors[name], theirs.tensors[name])
         try:
             done = merger.combine(name, choice, entries3, values)
         except MergeError as exc:
