@@ -101,8 +101,6 @@ def test_manual_mode_refuses_symlinks_and_never_writes_through_them(
         assert (repo / f"{M}.theta-{side}").is_symlink()
 
 
-# Fails until commands/merge.py (H7's) checks every manual destination before writing any.
-@pytest.mark.xfail(strict=True, reason="manual mode writes base and ours, then fails on theirs")
 def test_manual_mode_over_a_directory_writes_nothing(
     repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -318,8 +316,6 @@ def test_merge_abort_after_a_conflict_restores_ours(repo: Path) -> None:
     assert git(repo, "status", "--porcelain").stdout == b""
 
 
-# Fails until commands/merge.py's _resolve (H7's) stages before it renames the file in.
-@pytest.mark.xfail(strict=True, reason="the work tree is written, then update-index fails")
 def test_a_locked_index_fails_the_resolution_in_one_line_and_writes_nothing(
     repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -437,8 +433,6 @@ def test_a_huge_word_in_the_rules_file_is_not_echoed_whole(line: str) -> None:
     assert len(str(info.value)) < 300, str(info.value)[:200]
 
 
-# Fails until commands/merge.py (H7's) refuses to overwrite a file changed since the stop.
-@pytest.mark.xfail(strict=True, reason="git theta merge overwrites the user's own merge")
 def test_resolving_does_not_overwrite_a_checkpoint_the_user_merged_by_hand(
     repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -472,8 +466,6 @@ def test_a_path_that_looks_like_an_option_merges(repo: Path, name: str) -> None:
     assert sha256(repo / name) == digest({**base, "a": left["a"], "d": right["d"]})
 
 
-# Fails until commands/merge.py (H7's) refuses to overwrite a file changed since the stop.
-@pytest.mark.xfail(strict=True, reason="git theta merge overwrites uncommitted changes")
 def test_uncommitted_changes_survive_a_conflicted_merge_and_its_resolution(repo: Path) -> None:
     # git refuses to merge over a modified file only when the merge would rewrite it; the
     # driver's conflict result keeps ours' manifest, so git leaves the user's uncommitted

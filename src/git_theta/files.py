@@ -75,6 +75,18 @@ def _lstat(path: str, dir_fd: int | None = None) -> os.stat_result | None:
         return None
 
 
+def check_replaceable(path: str, dir_fd: int | None = None, shown: str = "") -> None:
+    """Raise UnsafeFileError unless ``path`` (``shown`` in the message) is absent or a
+    regular file: what a rename may replace. Callers writing several files check them
+    all first, so that a refusal leaves none half done."""
+    st = _lstat(path, dir_fd)
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise UnsafeFileError(
+            f"{shown or path} is {kind_of(st.st_mode)}; git-theta replaces only regular files "
+            "(move it aside and retry)"
+        )
+
+
 def _refuse(
     name: str, dir_fd: int | None, shown: str, wanted: str, exc: OSError
 ) -> UnsafeFileError | OSError:
@@ -192,12 +204,7 @@ class TempFile:
         target = dest_name or dest
         try:
             self._close()
-            st = _lstat(target, dest_dir_fd)
-            if st is not None and not stat.S_ISREG(st.st_mode):
-                raise UnsafeFileError(
-                    f"{dest} is {kind_of(st.st_mode)}; git-theta replaces only regular files "
-                    "(move it aside and retry)"
-                )
+            check_replaceable(target, dest_dir_fd, dest)
             os.replace(self.name, target, src_dir_fd=self.dir_fd, dst_dir_fd=dest_dir_fd)
         except UnsafeFileError:
             raise

@@ -295,6 +295,74 @@ def merge_command(paths: list[str], strategy: str | None, params: list[str], man
     return 0
 
 
+def _stage(cacheinfo: str, path: str, top: str) -> None:
+    """Put the merge in the index (one stage-0 entry); raises ThetaError when git cannot
+    (another git command holds the index)."""
+    from git_theta.proc import run
+
+    done = run("git", "update-index", "--cacheinfo", cacheinfo, cwd=top, check=False)
+    if done.returncode != 0:
+        lines = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        why = lines[0].removeprefix("fatal: ").rstrip(".") if lines else "it failed"
+        raise ThetaError(
+            f"{escape(path)}: git cannot stage the merge ({escape(why)}); nothing was "
+            "written: run this again once no other git command is running"
+        )
+
+
+def _same_content(a: Manifest, b: Manifest) -> bool:
+    """Whether two manifests check out to the same bytes (chains aside)."""
+
+    def content(m: Manifest) -> object:
+        tensors = {n: (e.dtype, e.shape, e.hash) for n, e in m.tensors.items()}
+        return (m.format, m.size, m.glue.hash, m.layout, tensors)
+
+    return content(a) == content(b)
+
+
+def _refuse_changed(full: str, path: str, versions: dict[int, Manifest], repo: Repo) -> None:
+    """Raise ThetaError unless the work-tree file is what the merge left there: ours
+    (stage 2) or the driver's result (the one-side rule, then the configured rules
+    with no prompt). Anything else is the user's own work: a checkpoint merged by hand
+    after --manual, or uncommitted changes git kept under the conflict."""
+    import io
+
+    from git_theta.clean import clean
+    from git_theta.files import open_regular
+
+    try:
+        fh = open_regular(full)
+    except FileNotFoundError:
+        return  # nothing there to lose
+    shown = escape(path)
+    refusal = ThetaError(
+        f"{shown} changed since the merge stopped; `git add {shown}` to keep it, or "
+        f"`git checkout --merge -- {shown}` and run this again"
+    )
+    base, ours, theirs = versions.get(1), versions[2], versions[3]
+    one_side = merge3(base, ours, theirs).manifest
+    with fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size not in (ours.size, one_side.size, theirs.size):
+            raise refusal  # the driver's result has one side's header, so one's size
+        try:
+            have = clean(cast("Source", fh), io.BytesIO(), shown, repo.store, ours,
+                         show_progress=False)  # fmt: skip
+        except ThetaError:
+            raise refusal from None
+    if have is None:
+        raise refusal  # a manifest or pointer written by hand
+    if _same_content(have, ours) or _same_content(have, one_side):
+        return
+    from git_theta.merge_rules import load_rule
+
+    rule, whole = load_rule(str(repo.cwd or "."), None)
+    driver = merge3(base, ours, theirs, Values(repo.store, repo.downloader.fetch), rule,
+                    None, whole)  # fmt: skip
+    if not _same_content(have, driver.manifest):
+        raise refusal
+
+
 def _resolve(
     path: str,
     stages: dict[int, tuple[str, str]],
@@ -318,6 +386,10 @@ def _resolve(
     }
     full = os.path.join(top, path)
     if manual:
+        from git_theta.files import check_replaceable
+
+        for dest in manual_paths(path):  # all first: a refusal leaves no half-done set
+            check_replaceable(os.path.join(top, dest), shown=escape(dest))
         ensure_excluded(top)
         for side, dest in zip(SIDES, manual_paths(path), strict=True):
             manifest = versions.get(SIDES.index(side) + 1)
@@ -329,14 +401,20 @@ def _resolve(
             f" and delete the {MANUAL_SUFFIX}* files\n"
         )
         return
+    _refuse_changed(full, path, versions, repo)
     result = _merge(path, versions.get(1), versions[2], versions[3], repo, forced, True)
     if result.conflicts:
         raise MergeConflictError(_conflict_message(path, result).removeprefix("git-theta: "))
     data = result.manifest.to_bytes()
     blob = git.git("hash-object", "-w", "--stdin", cwd=top, stdin=data).decode().strip()
-    _write_checkpoint(full, result.manifest, path, repo, top)
-    mode = stages[2][0]
-    run("git", "update-index", "--cacheinfo", f"{mode},{blob},{path}", cwd=top)
+    from git_theta.files import AtomicWriter
+    from git_theta.smudge import write_checkpoint
+
+    with AtomicWriter(full, within=top) as fh:
+        write_checkpoint(result.manifest, fh, path, repo.store, fetch=repo.downloader.fetch)
+        # Staged before the file is renamed into place: a failure (a locked index)
+        # leaves the work tree as it was.
+        _stage(f"{stages[2][0]},{blob},{path}", path, top)
     # With our filter on, git hashes the file once and records its stat data, so
     # `git status` shows it staged, not modified.
     run("git", "update-index", "-q", "--refresh", "--", path, cwd=top, check=False)
