@@ -224,6 +224,34 @@ def test_predecessor_low_rank_end_to_end(repo: Path) -> None:
     )
 
 
+def test_predecessor_ia3_end_to_end_broadcasts_like_numpy(repo: Path) -> None:
+    """tests/end2end/ia3 of the predecessor: each tensor is multiplied by its ia3 vector
+    with NumPy's broadcasting, a (1,) scale on an (8,) bias included."""
+    track(repo, "*.pt")
+    g = torch.Generator().manual_seed(1)
+    first = {"fc.weight": torch.randn(8, 6, generator=g), "fc.bias": torch.randn(8, generator=g)}
+    torch.save(first, repo / "model.pt")
+    git(repo, "add", "model.pt")
+    git(repo, "commit", "-q", "-m", "first")
+    scales = {
+        "fc.weight/ia3": torch.randn(1, 6, generator=g),
+        "fc.bias/ia3": torch.randn(1, generator=g),
+    }
+    torch.save(scales, repo / "ia3-data.pt")
+    args = ["add", "model.pt", "--update-type", "ia3", "--update-data", "ia3-data.pt"]
+    assert main(args) == 0
+    git(repo, "commit", "-q", "-m", "ia3")
+    status_clean(repo)
+    loaded = torch.load(repo / "model.pt", weights_only=True)
+    for name in ("fc.weight", "fc.bias"):
+        want = first[name].numpy() * scales[f"{name}/ia3"].numpy()
+        assert loaded[name].numpy().tobytes() == want.astype(np.float32).tobytes(), name
+    git(repo, "checkout", "-q", "HEAD~1")
+    assert torch.equal(
+        torch.load(repo / "model.pt", weights_only=True)["fc.bias"], first["fc.bias"]
+    )
+
+
 def test_a_symlinked_directory_is_refused_before_anything_is_staged(
     repo: Path, tmp_path: Path
 ) -> None:

@@ -132,8 +132,8 @@ def matrix_shape(
             if len(shape) == 2 and math.prod(f) in shape:
                 return 1, shape[0], shape[1]
             return None
-        if len(shape) == 1:
-            return (1, 1, shape[0]) if math.prod(f) == shape[0] else None
+        if len(shape) == 1:  # a vector of its length, or one scale (NumPy broadcasting)
+            return (1, 1, shape[0]) if math.prod(f) in (shape[0], 1) else None
         if transpose:
             if len(f) != 2:
                 return None
@@ -705,7 +705,9 @@ def load_factors(path: str) -> Found:
         elif key.endswith("/ia3"):
             # A vector with its dimensions (the predecessor kept them: (out, 1), (1, in),
             # (out, 1, 1, 1)) broadcasts by its shape; a flat one scales rows or columns.
-            vector = Inputs("ia3", (factor,), broadcast=len(factor.shape) >= 2)
+            # One scale (shape (1,)) broadcasts to any tensor too.
+            alone = math.prod(factor.shape) == 1
+            vector = Inputs("ia3", (factor,), broadcast=len(factor.shape) >= 2 or alone)
             found.candidates.setdefault(key[:-4], []).append(vector)
     if any(".lora_" in k or ".ia3_l" in k for k in tensors):
         read_adapter(tensors, read_config(where), found)
