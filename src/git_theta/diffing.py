@@ -478,7 +478,9 @@ def compare(
         side = b or a
         assert side is not None
         numel = math.prod(side.shape)
-        report.params_total += numel if b is not None else 0
+        # Over both versions: a removed tensor's parameters count as changed, so they
+        # count in the total too (else "9,000 of 6 parameters (150000.00%)").
+        report.params_total += numel
         if a is not None and b is not None and a.hash == b.hash and a.shape == b.shape:
             report.unchanged += 1
             continue
