@@ -378,6 +378,9 @@ def test_float64_values_whose_squares_overflow_have_finite_norms(repo: Path) -> 
     assert "Infinity" not in report and "NaN" not in report
     (entry,) = json.loads(report)["files"][0]["tensors"]
     assert (entry["l2"], entry["old_norm"], entry["rel"]) == (2e300, 1e300, 2.0)
+    # git show / git log -p (textconv) print each version's norm: finite too
+    shown = git(repo, "show", "HEAD").stdout.decode()
+    assert "+w  F64 [2]  L2 1e+300  " in shown and "inf" not in shown
 
 
 def test_git_diff_counts_a_changed_glue_as_stored(repo: Path) -> None:

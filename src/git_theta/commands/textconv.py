@@ -26,15 +26,17 @@ _SLICE = 8 << 20  # bytes widened at a time (a multiple of every item size)
 def _l2(data: bytes | bytearray, dtype: str) -> str:
     """The tensor's L2 norm over its finite values, widened a slice at a time: a large
     (or a crafted, inflated) tensor costs its bytes, not 5x them in float64 copies."""
+    from git_theta.diffing import _l2_norm
+
     view = memoryview(data)
-    total = 0.0
+    norm = 0.0
     for at in range(0, max(len(view), 1), _SLICE):
         values = as_float64(view[at : at + _SLICE], dtype)
         if values is None:
             return ""
-        finite = values[np.isfinite(values)]
-        total += float(np.dot(finite, finite))
-    return f"  L2 {math.sqrt(total):.6g}"
+        # Slices combined by hypot, each scaled when its squares overflow (F64 near 1e300)
+        norm = math.hypot(norm, _l2_norm(values[np.isfinite(values)]))
+    return f"  L2 {norm:.6g}"
 
 
 def textconv(path: str) -> int:
