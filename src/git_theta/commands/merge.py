@@ -310,57 +310,31 @@ def _stage(cacheinfo: str, path: str, top: str) -> None:
         )
 
 
-def _same_content(a: Manifest, b: Manifest) -> bool:
-    """Whether two manifests check out to the same bytes (chains aside)."""
-
-    def content(m: Manifest) -> object:
-        tensors = {n: (e.dtype, e.shape, e.hash) for n, e in m.tensors.items()}
-        return (m.format, m.size, m.glue.hash, m.layout, tensors)
-
-    return content(a) == content(b)
-
-
 def _refuse_changed(full: str, path: str, versions: dict[int, Manifest], repo: Repo) -> None:
     """Raise ThetaError unless the work-tree file is what the merge left there: ours
-    (stage 2) or the driver's result (the one-side rule, then the configured rules
-    with no prompt). Anything else is the user's own work: a checkpoint merged by hand
-    after --manual, or uncommitted changes git kept under the conflict."""
-    import io
+    (stage 2) or the driver's result (the one-side rule; else the configured rules with
+    no prompt). Anything else is the user's own work: a checkpoint merged by hand after
+    --manual, or uncommitted changes git kept under the conflict. The file is compared
+    with each (smudge.file_matches: hashed as read, stored nowhere)."""
+    from git_theta.smudge import file_matches
 
-    from git_theta.clean import clean
-    from git_theta.files import open_regular
-
-    try:
-        fh = open_regular(full)
-    except FileNotFoundError:
+    if not os.path.lexists(full):
         return  # nothing there to lose
-    shown = escape(path)
-    refusal = ThetaError(
-        f"{shown} changed since the merge stopped; `git add {shown}` to keep it, or "
-        f"`git checkout --merge -- {shown}` and run this again"
-    )
     base, ours, theirs = versions.get(1), versions[2], versions[3]
-    one_side = merge3(base, ours, theirs).manifest
-    with fh:
-        size = os.fstat(fh.fileno()).st_size
-        if size not in (ours.size, one_side.size, theirs.size):
-            raise refusal  # the driver's result has one side's header, so one's size
-        try:
-            have = clean(cast("Source", fh), io.BytesIO(), shown, repo.store, ours,
-                         show_progress=False)  # fmt: skip
-        except ThetaError:
-            raise refusal from None
-    if have is None:
-        raise refusal  # a manifest or pointer written by hand
-    if _same_content(have, ours) or _same_content(have, one_side):
-        return
+    for candidate in (ours, merge3(base, ours, theirs).manifest):
+        if file_matches(full, candidate, repo.store):
+            return
     from git_theta.merge_rules import load_rule
 
     rule, whole = load_rule(str(repo.cwd or "."), None)
-    driver = merge3(base, ours, theirs, Values(repo.store, repo.downloader.fetch), rule,
-                    None, whole)  # fmt: skip
-    if not _same_content(have, driver.manifest):
-        raise refusal
+    values = Values(repo.store, repo.downloader.fetch)
+    driver = merge3(base, ours, theirs, values, rule, None, whole).manifest
+    if not file_matches(full, driver, repo.store):
+        shown = escape(path)
+        raise ThetaError(
+            f"{shown} changed since the merge stopped; `git add {shown}` to keep it, or "
+            f"`git checkout --merge -- {shown}` and run this again"
+        )
 
 
 def _resolve(
