@@ -52,7 +52,7 @@ class Hdf5Format(CheckpointFormat):
                 f"HDF5 file could not be read: h5py did not finish in {READ_TIMEOUT} s"
             ) from None
         if done.returncode == NO_H5PY:
-            return _without_h5py()
+            return _without_h5py(size)
         if done.returncode < 0:
             try:
                 how = signal.Signals(-done.returncode).name
@@ -72,12 +72,14 @@ class Hdf5Format(CheckpointFormat):
 
 
 _warned: list[bool] = []  # once per process
+OPAQUE_PIECE = 16 << 20  # bytes: the clean holds a few pieces at once, never the file
 
 
-def _without_h5py() -> list[TensorSpan]:
-    """Return no spans (the whole file stored as one opaque piece: exact, and added per
-    tensor again once h5py is there) when git only looks (status, diff), warning once;
-    raise LocalSetupError for a command that stores."""
+def _without_h5py(size: int) -> list[TensorSpan]:
+    """Return the file as opaque U8 pieces of OPAQUE_PIECE bytes (exact, and added per
+    tensor again once h5py is there; not one glue piece, which the clean holds whole)
+    when git only looks (status, diff), warning once; raise LocalSetupError for a command
+    that stores."""
     from git_theta import git_parent
     from git_theta.errors import LocalSetupError
 
@@ -91,4 +93,8 @@ def _without_h5py() -> list[TensorSpan]:
         sys.stderr.write(
             f"git-theta: warning: {message}; HDF5 files may show as modified until then\n"
         )
-    return []
+    pieces = []
+    for start in range(0, size, OPAQUE_PIECE):
+        end = min(start + OPAQUE_PIECE, size)
+        pieces.append(TensorSpan(f"(file bytes {start:,})", "U8", (end - start,), start, end))
+    return pieces

@@ -1,0 +1,57 @@
+"""Review sweep of the day's new paths that plain git commands run in a stranger's repository
+(git status, git diff...): what each must hold whatever the repository or environment holds."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import git
+from test_ux import _broken_h5py_filter
+
+from git_theta.commands.cli import main
+
+_PEAK_OF_CHILDREN = (
+    "import resource, subprocess, sys; "
+    "done = subprocess.run(sys.argv[1:], capture_output=True); "
+    "sys.stderr.buffer.write(done.stderr); "
+    "print(done.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+)
+
+
+def _peak_kib(repo: Path, *argv: str) -> tuple[int, int, str]:
+    """Run ``argv`` in ``repo`` from a fresh Python; return (exit code, peak RSS in KiB of
+    its largest descendant, stderr)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _PEAK_OF_CHILDREN, *argv], cwd=repo, capture_output=True
+    )
+    code, peak = done.stdout.split()
+    return int(code), int(peak), done.stderr.decode()
+
+
+def test_status_without_h5py_keeps_memory_bounded_on_a_large_hdf5_file(
+    repo: Path, tmp_path: Path
+) -> None:
+    """Without h5py git status stores an HDF5 file as one opaque piece: it must still be
+    read and encoded piece by piece, not held whole (a 5 GB file took 10 GB)."""
+    import h5py
+    import numpy as np
+
+    assert main(["track", "*.h5"]) == 0
+    # 256 MiB in 32 datasets of 8 MiB: the largest tensor is 8 MiB.
+    rng = np.random.default_rng(0)
+    block = rng.integers(0, 1 << 16, size=2 << 20, dtype=np.uint32).view(np.float32)
+    with h5py.File(repo / "m.h5", "w") as f:
+        for i in range(32):
+            f[f"w{i}"] = block
+    git(repo, "add", ".gitattributes", "m.h5")
+    git(repo, "commit", "-q", "-m", "v1")
+    with h5py.File(repo / "m.h5", "r+") as f:  # same size: git status must clean it
+        f["w0"][0] = 9.0
+    broken = _broken_h5py_filter(repo, tmp_path)
+    git(repo, "config", "--local", "filter.theta.process", f"{broken} filter-process")
+    code, peak, err = _peak_kib(repo, "git", "status", "--porcelain")
+    assert code == 0, err
+    assert "needs h5py" in err
+    assert peak < 200 * 1024, f"git status peaked at {peak // 1024} MiB for a 256 MiB file"
