@@ -151,19 +151,13 @@ def _missing(entry: TensorEntry) -> TensorEntry:
     return entry._replace(chain=(*entry.chain[:-1], gone))
 
 
-# Fails for "a" until the driver (H7's files) checks that the entries it takes whole from
-# a side are there and rebuild: git's smudge of the merge fails, git stops with "fatal",
-# and the user's checkpoint is deleted from the work tree (status " D").
-_UNCHECKED = pytest.mark.xfail(strict=True, reason="a side's entry is taken unverified")
-
-
 @pytest.mark.parametrize(
     ("name", "change"),
     [
         ("d", _lie),  # changed on both sides: decoded, so checked
         ("d", _missing),
-        pytest.param("a", _lie, marks=_UNCHECKED),  # changed by theirs only: taken whole
-        pytest.param("a", _missing, marks=_UNCHECKED),
+        ("a", _lie),  # changed by theirs only: taken whole, checked before it is written
+        ("a", _missing),
     ],
 )
 def test_a_lying_or_incomplete_entry_fails_the_merge_in_one_line_and_keeps_ours(
@@ -178,6 +172,12 @@ def test_a_lying_or_incomplete_entry_fails_the_merge_in_one_line_and_keeps_ours(
     err = done.stderr.decode()
     assert done.returncode != 0, err
     assert "Traceback" not in err and "not a git-theta manifest" not in err, err
+    if name == "a":  # one line: what cannot be checked out, that ours is kept, what to do
+        assert f"git-theta: {M}: their version cannot be checked out (tensor 'a': " in err, err
+        assert err.endswith(
+            "); the merge keeps ours; run `git lfs fetch --all` (or ask for the objects to be "
+            "pushed) and merge again\n"
+        ), err
     assert sha256(repo / M) == digest(ours)
     # No merge commit holds what cannot be checked out.
     assert git(repo, "rev-parse", "HEAD^2", check=False).returncode != 0

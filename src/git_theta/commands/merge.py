@@ -179,6 +179,18 @@ def merge_driver(base: str, ours: str, theirs: str, path: str) -> int:
             return 1
         b = _read(base, repo, shown, "the merge base's version")
         result = _merge(path, b, o, t, repo, None, interactive=True)
+        from git_theta.merge_check import check_taken
+
+        try:
+            check_taken(result.manifest, o, (b, t), repo.store, repo.downloader.fetch)
+        except ThetaError as exc:
+            # %A keeps ours: git checks that out, and no merge commit holds what cannot be.
+            sys.stderr.write(
+                f"git-theta: {shown}: their version cannot be checked out ({escape(str(exc))});"
+                " the merge keeps ours; run `git lfs fetch --all` (or ask for the objects to "
+                "be pushed) and merge again\n"
+            )
+            return 1
     finally:
         repo.close()
     from git_theta.files import atomic_write
