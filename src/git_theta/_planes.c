@@ -572,6 +572,97 @@ done:
 }
 
 
+/* factored_steps(prev, code, rows, cols, a, acode, b, bcode, rank, scale) -> bytes or None.
+ * Low-rank with rounding "steps" (factored.py ROUNDINGS, `_combine`), for F32 and BF16
+ * tensors whose factors are at most 32 bits wide: per element, acc = fmaf(R[i,k],
+ * C[k,j], acc) from +0.0 for each rank k (a float32 fused multiply-add: the one
+ * rounding NumPy's `_round32` gives the float64 product plus acc), delta = float32 of
+ * acc * float32(scale) (an exact double product, rounded once), narrowed to BF16 when
+ * the tensor and both factors are BF16, then float32 of value + delta (one rounding,
+ * fmaf with 1.0), rounded to the tensor's dtype. Any non-finite input, step or result
+ * returns None: NumPy then decides (it owns what overflow and NaN payloads give). */
+static inline float narrow_bf16(float v) {
+    uint32_t bits;
+    memcpy(&bits, &v, 4);
+    bits = ((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16) << 16; /* RNE, as _to_dtype */
+    memcpy(&v, &bits, 4);
+    return v;
+}
+
+static PyObject *factored_steps(PyObject *self, PyObject *args) {
+    Py_buffer prev, a, b;
+    int code, acode, bcode;
+    Py_ssize_t rows, cols, rank;
+    double scale;
+    if (!PyArg_ParseTuple(args, "y*inny*iy*ind", &prev, &code, &rows, &cols, &a, &acode, &b,
+                          &bcode, &rank, &scale))
+        return NULL;
+    PyObject *result = NULL;
+    float *va = NULL, *vb = NULL;
+    int bad = 0;
+    if ((code != F32 && code != BF16) || (acode != F32 && acode != BF16 && acode != F16) ||
+        (bcode != F32 && bcode != BF16 && bcode != F16) || rows <= 0 || cols <= 0 ||
+        rank <= 0 || rank > a.len || rows > prev.len || cols > prev.len / rows ||
+        prev.len != rows * cols * float_size(code) || a.len % float_size(acode) ||
+        b.len % float_size(bcode) || a.len / float_size(acode) / rank != rows ||
+        (a.len / float_size(acode)) % rank || b.len / float_size(bcode) / rank != cols ||
+        (b.len / float_size(bcode)) % rank) {
+        PyErr_SetString(PyExc_ValueError, "factored_steps: bad dtype codes or sizes");
+        goto done;
+    }
+    float scale32 = (float)scale;
+    if (!isfinite(scale32)) { result = Py_None; Py_INCREF(result); goto done; }
+    Py_ssize_t na = rows * rank, nb = rank * cols;
+    va = PyMem_RawMalloc((size_t)na * sizeof(float));
+    vb = PyMem_RawMalloc((size_t)nb * sizeof(float));
+    if (va == NULL || vb == NULL) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t i = 0; i < na; i++) { /* F16, BF16 and F32 values are floats exactly */
+        va[i] = (float)load_double(a.buf, i, acode);
+        if (!isfinite(va[i])) bad = 1;
+    }
+    for (Py_ssize_t i = 0; i < nb; i++) {
+        vb[i] = (float)load_double(b.buf, i, bcode);
+        if (!isfinite(vb[i])) bad = 1;
+    }
+    if (bad) { result = Py_None; Py_INCREF(result); goto done; }
+    result = PyBytes_FromStringAndSize(NULL, prev.len);
+    if (result == NULL) goto done;
+    unsigned char *out = (unsigned char *)PyBytes_AS_STRING(result);
+    const unsigned char *pp = prev.buf;
+    int narrow = code == BF16 && acode == BF16 && bcode == BF16;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < rows && !bad; i++) {
+        const float *ra = va + i * rank;
+        for (Py_ssize_t j = 0; j < cols; j++) {
+            float acc = 0.0f;
+            for (Py_ssize_t k = 0; k < rank; k++) acc = fmaf(ra[k], vb[k * cols + j], acc);
+            float delta = (float)((double)acc * (double)scale32);
+            if (narrow) delta = narrow_bf16(delta);
+            float base = (float)load_double(pp, i * cols + j, code);
+            float v = fmaf(delta, 1.0f, base);
+            if (!isfinite(acc) || !isfinite(delta) || !isfinite(base) || !isfinite(v)) {
+                bad = 1;
+                break;
+            }
+            store_rounded(out, i * cols + j, v, code);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (bad) {
+        Py_DECREF(result);
+        result = Py_None;
+        Py_INCREF(result);
+    }
+done:
+    PyMem_RawFree(va);
+    PyMem_RawFree(vb);
+    PyBuffer_Release(&prev);
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&b);
+    return result;
+}
+
+
 /* --- sparse changes: which elements differ, bit for bit --------------------------- */
 
 static Py_ssize_t count_changed_n(const unsigned char *a, const unsigned char *b,
@@ -940,6 +1031,7 @@ static PyMethodDef methods[] = {
     {"sparse_diff", sparse_diff, METH_VARARGS, "sparse_diff(old, new, size) -> (u64 gaps, new bytes) of changed elements"},
     {"inflate_literals", inflate_literals, METH_VARARGS, "inflate_literals(payload, size) -> bytes, or None when zlib must decode it"},
     {"factored", factored, METH_VARARGS, "factored(prev, code, rows, cols, a, acode, b, bcode, rank, scale) -> bytes or None"},
+    {"factored_steps", factored_steps, METH_VARARGS, "factored_steps(prev, code, rows, cols, a, acode, b, bcode, rank, scale) -> bytes or None"},
     {NULL, NULL, 0, NULL},
 };
 

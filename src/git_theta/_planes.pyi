@@ -23,6 +23,19 @@ def factored(
     scale: float,
     /,
 ) -> bytes | None: ...
+def factored_steps(
+    prev: Buffer,
+    code: int,
+    rows: int,
+    cols: int,
+    a: Buffer,
+    acode: int,
+    b: Buffer,
+    bcode: int,
+    rank: int,
+    scale: float,
+    /,
+) -> bytes | None: ...
 def count_changed(old: Buffer, new: Buffer, size: int, /) -> int: ...
 def sparse_diff(old: Buffer, new: Buffer, size: int, /) -> tuple[bytes, bytes]: ...
 def inflate_literals(payload: Buffer, size: int, /) -> bytes | None: ...
