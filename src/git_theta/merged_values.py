@@ -41,17 +41,16 @@ def keep(store: ObjectStore, hash_: str, data: memoryview) -> None:
         if len(data) > _room[0]:
             return
         _room[0] -= len(data)
+    from git_theta.errors import ThetaError
+    from git_theta.files import AtomicWriter
+
     folder = _dir(store)
-    final = os.path.join(folder, hash_)
-    temp = f"{final}.{os.getpid()}.tmp"
-    try:
+    # Through files.py: a planted symlink or directory at the name is refused, never
+    # written through, and a failed write leaves no temporary behind.
+    with contextlib.suppress(OSError, ThetaError):
         os.makedirs(folder, exist_ok=True)
-        with open(temp, "wb") as fh:
+        with AtomicWriter(os.path.join(folder, hash_)) as fh:
             fh.write(data)
-        os.replace(temp, final)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
 
 
 def take(store: ObjectStore, entry: TensorEntry, size: int) -> bytearray | None:
