@@ -7,8 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import git
-from test_ux import _broken_h5py_filter
+from st_files import f32, st_from_arrays
+from test_ux import SHAPES, _broken_h5py_filter
 
 from git_theta.commands.cli import main
 
@@ -55,3 +57,27 @@ def test_status_without_h5py_keeps_memory_bounded_on_a_large_hdf5_file(
     assert code == 0, err
     assert "needs h5py" in err
     assert peak < 200 * 1024, f"git status peaked at {peak // 1024} MiB for a 256 MiB file"
+
+
+def test_a_revision_that_looks_like_an_option_is_refused_and_writes_nothing(
+    repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """upload/fetch/fsck/ls-files pass revisions to rev-list and ls-tree: one starting
+    with '-' (``--output=FILE`` made rev-list write FILE) is refused in one line, exit 128."""
+    (repo / "model.safetensors").write_bytes(st_from_arrays(f32(SHAPES, 1)))
+    git(repo, "add", "model.safetensors")
+    git(repo, "commit", "-q", "-m", "v1")
+    remote = tmp_path / "remote.git"
+    git(tmp_path, "init", "-q", "--bare", str(remote))
+    git(repo, "remote", "add", "origin", str(remote))
+    target = tmp_path / "written"
+    rev = f"--output={target}"
+    for argv in (["upload", "origin", "--", rev], ["fetch", "--", rev], ["fsck", "--", rev],
+                 ["ls-files", "--", rev]):  # fmt: skip
+        assert main(argv) == 128, argv
+        err = capsys.readouterr().err
+        assert err == (
+            f"git-theta: error: {rev!r} is not a revision: give options before revisions\n"
+        ), argv
+        assert not target.exists(), argv
+    assert main(["upload", "origin", "--", "--all"]) == 0  # rev-list's sets still work

@@ -107,9 +107,27 @@ def lfs_storage_dir(cwd: str | None = None) -> str:
     return os.path.join(base, "lfs")
 
 
+# rev-list's own options that stand for sets of revisions; any other word starting with
+# '-' is refused, not passed on (``--output=FILE`` would make rev-list write FILE).
+REV_SETS = frozenset({"--all", "--branches", "--tags", "--remotes", "--reflog",
+                      "--indexed-objects"})  # fmt: skip
+
+
+def _refuse_options(revs: list[str], cwd: str | None) -> None:
+    """Raise BadRevisionError for the first of ``revs`` (``^REV`` too) that starts with
+    '-' and is not one of REV_SETS."""
+    for rev in revs:
+        plain = rev.removeprefix("^")
+        if plain.startswith("-") and plain not in REV_SETS:
+            from git_theta.revisions import bad_revision
+
+            raise bad_revision(plain, cwd)
+
+
 def tree_blobs(rev: str, cwd: str | None = None) -> list[tuple[str, str]]:
     """Return (blob id, path) for every file in ``rev``'s tree. Raises BadRevisionError
     (exit 128, naming ``rev``) when it names no commit or tree."""
+    _refuse_options([rev], cwd)
     try:
         out = git("ls-tree", "-r", "-z", "--full-tree", "--end-of-options", rev, cwd=cwd)
     except CommandError:
@@ -131,7 +149,10 @@ def tree_blobs(rev: str, cwd: str | None = None) -> list[tuple[str, str]]:
 def new_blobs(
     include: list[str], exclude: list[str], cwd: str | None = None
 ) -> list[tuple[str, str]]:
-    """Return (blob id, path) of blobs reachable from ``include`` but not ``exclude``."""
+    """Return (blob id, path) of blobs reachable from ``include`` but not ``exclude``.
+    Raises BadRevisionError for a revision git refuses or one that looks like an option
+    (other than REV_SETS)."""
+    _refuse_options(include + exclude, cwd)
     args = ["rev-list", "--objects", *include, "--not", *exclude, "--"]
     try:
         out = os.fsdecode(git(*args, cwd=cwd))
