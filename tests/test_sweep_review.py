@@ -81,3 +81,29 @@ def test_a_revision_that_looks_like_an_option_is_refused_and_writes_nothing(
         ), argv
         assert not target.exists(), argv
     assert main(["upload", "origin", "--", "--all"]) == 0  # rev-list's sets still work
+
+
+def test_show_names_a_revision_that_looks_like_an_option(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (repo / "model.safetensors").write_bytes(st_from_arrays(f32(SHAPES, 1)))
+    git(repo, "add", "model.safetensors")
+    git(repo, "commit", "-q", "-m", "v1")
+    assert main(["show", "--", "--all:model.safetensors"]) == 128
+    assert capsys.readouterr().err == (
+        "git-theta: error: '--all' is not a revision: give options before revisions\n"
+    )
+
+
+def test_the_api_history_survives_an_import_of_the_history_module() -> None:
+    """Every command imports the ``git_theta.history`` module; in a training process that
+    also runs one (git theta ls-files through main, a test run), ``git_theta.history(...)``
+    was a TypeError: the import put the module in the function's place."""
+    code = (
+        "import git_theta, git_theta.history\n"
+        "from git_theta.history import manifests_at\n"
+        "from git_theta.api import history\n"
+        "assert git_theta.history is history, git_theta.history\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -8,6 +8,7 @@ in ``git_theta.api`` and is loaded on first attribute access.
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -50,3 +51,17 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *_API})
+
+
+class _Package(type(sys)):  # type: ignore[misc]
+    """The package module, whose API names are never replaced by a submodule of the same
+    name: importing ``git_theta.history`` (the manifest walker every command uses) would
+    otherwise make ``git_theta.history(...)`` a TypeError for the rest of the process."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _API and isinstance(value, type(sys)):
+            return  # the submodule stays reachable through sys.modules and `from ... import`
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

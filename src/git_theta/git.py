@@ -107,21 +107,16 @@ def lfs_storage_dir(cwd: str | None = None) -> str:
     return os.path.join(base, "lfs")
 
 
-# rev-list's own options that stand for sets of revisions; any other word starting with
-# '-' is refused, not passed on (``--output=FILE`` would make rev-list write FILE).
-REV_SETS = frozenset({"--all", "--branches", "--tags", "--remotes", "--reflog",
-                      "--indexed-objects"})  # fmt: skip
-
-
 def _refuse_options(revs: list[str], cwd: str | None) -> None:
     """Raise BadRevisionError for the first of ``revs`` (``^REV`` too) that starts with
-    '-' and is not one of REV_SETS."""
+    '-' and is not one of revisions.REV_SETS (``--output=FILE`` makes rev-list write FILE)."""
     for rev in revs:
         plain = rev.removeprefix("^")
-        if plain.startswith("-") and plain not in REV_SETS:
-            from git_theta.revisions import bad_revision
+        if plain.startswith("-"):
+            from git_theta.revisions import REV_SETS, bad_revision
 
-            raise bad_revision(plain, cwd)
+            if plain not in REV_SETS:
+                raise bad_revision(plain, cwd)
 
 
 def tree_blobs(rev: str, cwd: str | None = None) -> list[tuple[str, str]]:
@@ -151,7 +146,7 @@ def new_blobs(
 ) -> list[tuple[str, str]]:
     """Return (blob id, path) of blobs reachable from ``include`` but not ``exclude``.
     Raises BadRevisionError for a revision git refuses or one that looks like an option
-    (other than REV_SETS)."""
+    (other than revisions.REV_SETS)."""
     _refuse_options(include + exclude, cwd)
     args = ["rev-list", "--objects", *include, "--not", *exclude, "--"]
     try:
@@ -159,7 +154,7 @@ def new_blobs(
     except CommandError:
         from git_theta.revisions import require
 
-        require(include + exclude, cwd)  # raises the error naming a bad one
+        require(include + exclude, cwd, sets=True)  # raises the error naming a bad one
         raise
     blobs = []
     for line in out.splitlines():

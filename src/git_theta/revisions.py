@@ -12,6 +12,10 @@ from git_theta.errors import ThetaError
 from git_theta.proc import run
 
 BAD_REVISION_EXIT = 128  # what git exits with for an unknown revision
+# rev-list's options that stand for sets of revisions: the only words starting with '-'
+# taken where a revision goes (any other may be an option: --output=FILE writes FILE).
+REV_SETS = frozenset({"--all", "--branches", "--tags", "--remotes", "--reflog",
+                      "--indexed-objects"})  # fmt: skip
 
 
 class BadRevisionError(ThetaError, LookupError):
@@ -59,12 +63,14 @@ def bad_revision(rev: str, cwd: str | None = None) -> BadRevisionError:
     )
 
 
-def require(revs: list[str], cwd: str | None = None) -> None:
+def require(revs: list[str], cwd: str | None = None, *, sets: bool = False) -> None:
     """Raise BadRevisionError (exit 128) for the first of ``revs`` that names no commit
-    or tree; ``^REV`` (an exclusion) and options are checked as the revision they hold."""
+    or tree; ``^REV`` (an exclusion) is checked as the revision it holds, REV_SETS are
+    taken when ``sets`` (rev-list's arguments), any other word starting with '-' is
+    refused."""
     for rev in revs:
         plain = rev.removeprefix("^")
-        if plain.startswith("--"):
-            continue  # --all, --reflog, --indexed-objects: rev-list's own options
-        if not resolves(plain, cwd):
+        if sets and plain in REV_SETS:
+            continue
+        if plain.startswith("-") or not resolves(plain, cwd):
             raise bad_revision(plain, cwd)
