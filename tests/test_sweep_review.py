@@ -107,3 +107,18 @@ def test_the_api_history_survives_an_import_of_the_history_module() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_huge_staged_blob_is_not_read_to_find_it_is_no_manifest(repo: Path) -> None:
+    """The clean reads the path's staged blob to reuse its chains: a committed plain blob
+    of 256 MiB (a zip bomb in the pack: it compresses to kB) was read whole, although no
+    manifest is larger than manifest.MAX_BYTES."""
+    (repo / "model.safetensors").write_bytes(bytes(256 << 20))
+    off = ["-c", "filter.theta.process=", "-c", "filter.theta.clean=",
+           "-c", "filter.theta.required=false"]  # fmt: skip
+    git(repo, *off, "add", "model.safetensors")
+    git(repo, "commit", "-q", "-m", "a plain blob where a checkpoint is tracked")
+    (repo / "model.safetensors").write_bytes(st_from_arrays(f32(SHAPES, 1)))
+    code, peak, err = _peak_kib(repo, "git", "add", "model.safetensors")
+    assert code == 0, err
+    assert peak < 150 * 1024, f"git add peaked at {peak // 1024} MiB"

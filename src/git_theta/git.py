@@ -86,9 +86,13 @@ def config_set(key: str, value: str, scope: str, cwd: str | None = None) -> None
     run("git", "config", f"--{scope}", key, value, cwd=cwd)
 
 
-def index_blob(path: str, cwd: str | None = None) -> bytes | None:
-    """Return the staged (stage 0) blob of ``path``, or None when it is not in the index."""
-    done = run("git", *NO_FILTER, "cat-file", "blob", f":{path}", check=False, cwd=cwd)
+def index_blob(path: str, cwd: str | None = None, limit: int | None = None) -> bytes | None:
+    """Return the staged (stage 0) blob of ``path``, or None when it is not in the index
+    or (given ``limit``) larger than ``limit`` bytes, which is then never read whole (a
+    committed blob of gigabytes may be a few kB in the pack)."""
+    where = () if cwd is None else ("-C", cwd)  # posix_spawn, which stops at the limit
+    done = run("git", *where, *NO_FILTER, "cat-file", "blob", f":{path}", check=False,
+               limit=limit)  # fmt: skip
     return done.stdout if done.returncode == 0 else None
 
 

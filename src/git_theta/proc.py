@@ -38,18 +38,22 @@ def run(
     cwd: str | None = None,
     env: Mapping[str, str] | None = None,
     timeout: float | None = None,
+    limit: int | None = None,
 ) -> Finished:
     """Run ``argv`` (never through a shell) and return the finished process; ``stdin`` is
     bytes to feed it or an open file it reads itself (nothing: it reads /dev/null). Past
-    ``timeout`` seconds the process is killed and subprocess.TimeoutExpired raised.
+    ``timeout`` seconds the process is killed and subprocess.TimeoutExpired raised. Past
+    ``limit`` bytes of output (only without cwd, env, timeout or a file as stdin) it is
+    killed too, and its exit code is -SIGKILL.
 
     Raises CommandError with the command, exit code and last stderr line when ``check``
     is set and the command fails, or FileNotFoundError's message when it is not installed.
     """
     try:
         if cwd is None and env is None and timeout is None and not hasattr(stdin, "fileno"):
-            done = _spawn(argv, stdin)
+            done = _spawn(argv, stdin, limit)
         else:
+            assert limit is None, "limit needs the posix_spawn path"
             done = _subprocess_run(argv, stdin, cwd, env, timeout)
     except FileNotFoundError:
         raise not_found(argv) from None
@@ -58,9 +62,10 @@ def run(
     return done
 
 
-def _spawn(argv: tuple[str, ...], feed: bytes | None) -> Finished:
+def _spawn(argv: tuple[str, ...], feed: bytes | None, limit: int | None = None) -> Finished:
     """posix_spawn ``argv`` with pipes on all three streams; feed ``feed`` and collect
-    both outputs through one poll loop (so no pipe can fill up and stall the child)."""
+    both outputs through one poll loop (so no pipe can fill up and stall the child);
+    kill it once its output passes ``limit`` bytes."""
     child_in, to_child = os.pipe() if feed else (os.open(os.devnull, os.O_RDONLY), -1)
     from_out, child_out = os.pipe()
     from_err, child_err = os.pipe()
@@ -93,6 +98,7 @@ def _spawn(argv: tuple[str, ...], feed: bytes | None) -> Finished:
         # the child waits for us to read its output.
         os.set_blocking(to_child, False)
         poll.register(to_child, select.POLLOUT)
+    out_size = 0
     try:
         open_fds = len(chunks) + (to_child >= 0)
         while open_fds:
@@ -113,6 +119,12 @@ def _spawn(argv: tuple[str, ...], feed: bytes | None) -> Finished:
                 data = os.read(fd, _READ)
                 if data:
                     chunks[fd].append(data)
+                    if fd == from_out and limit is not None:
+                        out_size += len(data)
+                        if out_size > limit:
+                            os.kill(pid, signal.SIGKILL)
+                            open_fds = 0
+                            break
                 else:
                     poll.unregister(fd)
                     open_fds -= 1

@@ -39,9 +39,9 @@ class Repo:
     def staged_manifest(self, path: str) -> Manifest | None:
         """Return the manifest staged for ``path``, or None when there is none to reuse."""
         from git_theta.errors import ManifestError
-        from git_theta.manifest import is_manifest, parse
+        from git_theta.manifest import MAX_BYTES, is_manifest, parse
 
-        blob = git.index_blob(path, self.cwd)
+        blob = git.index_blob(path, self.cwd, limit=MAX_BYTES)  # a larger one is no manifest
         if blob is None or not is_manifest(blob):
             return None
         try:
