@@ -122,3 +122,22 @@ def test_a_huge_staged_blob_is_not_read_to_find_it_is_no_manifest(repo: Path) ->
     code, peak, err = _peak_kib(repo, "git", "add", "model.safetensors")
     assert code == 0, err
     assert peak < 150 * 1024, f"git add peaked at {peak // 1024} MiB"
+
+
+def test_progress_and_summary_lines_escape_repository_paths(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cloned repository's path with terminal escapes reached the terminal raw through
+    the checkout's progress line ("checking out PATH") and `checked out PATH`."""
+    from git_theta import progress
+
+    monkeypatch.delenv("GIT_THETA_QUIET")
+    path = "\x1b]0;owned\x07m.safetensors"
+    bar = progress.Progress(f"checking out {path}", 10, 1, show=True)
+    bar.advance(10)
+    bar._print(1.0)
+    bar.close()
+    progress.summary(f"checked out {path}")
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\x07" not in err
+    assert "git-theta: checked out \\x1b]0;owned\\x07m.safetensors\n" in err

@@ -42,7 +42,9 @@ def summary(line: str) -> None:
     """Print a "what happened" line (counts) on stderr, unless the user asked for quiet;
     unlike progress it is also written to a pipe, as git's own summaries are."""
     if not quiet():
-        sys.stderr.write(f"git-theta: {line}\n")
+        from git_theta.display import escape  # lines name repository paths
+
+        sys.stderr.write(f"git-theta: {escape(line)}\n")
         sys.stderr.flush()
 
 
@@ -57,7 +59,9 @@ class Progress:
         show: bool | None = None,
         unit: str = "tensors",
     ):
-        self.label = label
+        from git_theta.display import escape
+
+        self.label = escape(label)  # a repository's path may hold terminal escapes
         self.unit = unit
         self.total_bytes = total_bytes
         self.total_items = total_items
