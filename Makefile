@@ -44,7 +44,7 @@ NUMPY_SUITES := tests/test_codec.py tests/test_updates.py tests/test_factored.py
 # test has its own HOME and repositories (conftest.py), so they do not share state.
 test: lint
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q -n 2
-	GIT_THETA_KERNELS=numpy PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q $(NUMPY_SUITES)
+	GIT_THETA_KERNELS=numpy PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q -n 2 $(NUMPY_SUITES)
 
 # >= 10,000 hostile files of every format and hostile manifests (docs/reliability.md);
 # FUZZ_ARGS="--cases 50000 --seed 7 --jobs 4" for more. CI runs 320 in tests/test_fuzz.py.
