@@ -591,3 +591,22 @@ def test_a_git_failure_names_its_reason_not_its_advice(repo: Path) -> None:
         "index.lock': File exists. (another git command is running in this repository: " in message
     )
     assert "remove the file manually" not in message and "\n" not in message
+
+
+def test_a_bad_quiet_value_is_one_warning_on_a_terminal_and_breaks_nothing(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIT_THETA_QUIET only changes what is printed: a checkout on a terminal failed every
+    # file on it (exit 128), while off a terminal it was ignored.
+    import hashlib
+
+    (repo / "model.safetensors").write_bytes(st_from_arrays(f32(SHAPES, 1)))
+    git(repo, "add", "model.safetensors")
+    git(repo, "commit", "-q", "-m", "v1")
+    want = hashlib.sha256((repo / "model.safetensors").read_bytes()).hexdigest()
+    (repo / "model.safetensors").unlink()
+    monkeypatch.setenv("GIT_THETA_QUIET", "maybe")
+    code, shown = _on_a_terminal(["git", "checkout", "--", "model.safetensors"], repo)
+    assert code == 0, shown
+    assert shown.count("GIT_THETA_QUIET='maybe' is not a boolean") == 1, shown
+    assert hashlib.sha256((repo / "model.safetensors").read_bytes()).hexdigest() == want

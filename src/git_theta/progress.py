@@ -22,15 +22,19 @@ def quiet() -> bool:
     """True when the user asked for quiet: GIT_THETA_QUIET, ``git theta -q``, or git's -q."""
     from git_theta.errors import UsageError
 
+    global _warned
     try:
         asked = env_flag("GIT_THETA_QUIET")
-    except UsageError:
-        from git_theta import git_parent
-
-        if not git_parent.git_only_looks():
-            raise
-        asked = False  # git status must not fail on it; git add says what is wrong
+    except UsageError as exc:
+        # It only changes what is printed: no checkout or add fails on it; said once.
+        if not _warned:
+            _warned = True
+            sys.stderr.write(f"git-theta: warning: {exc}; showing progress\n")
+        asked = False
     return asked or _git_is_quiet()
+
+
+_warned = False
 
 
 def enabled() -> bool:
