@@ -3,6 +3,8 @@ bit-identical to the NumPy definition, and NumPy never imported for it."""
 
 from __future__ import annotations
 
+import json
+import struct
 import subprocess
 import sys
 
@@ -104,3 +106,91 @@ print("numpy" in sys.modules)
         [sys.executable, "-c", script], capture_output=True, text=True, check=True
     )
     assert done.stdout.strip() == "False"
+
+
+def _f32(values: list[float]) -> bytes:
+    return np.array(values, "<f4").tobytes()
+
+
+def _bf16(values: list[float]) -> bytes:
+    return (np.array(values, "<f4").view("<u4") >> 16).astype("<u2").tobytes()
+
+
+@pytest.mark.parametrize(
+    ("dtype", "prev", "r", "c", "scale"),
+    [
+        ("F32", _f32([1.0]), _f32([2.0]), _f32([3.0]), 1.0),  # 1 x 1, rank 1
+        ("F32", _f32([-0.0]), _f32([-0.0]), _f32([1.0]), 1.0),  # -0 + (+0 + -0)
+        ("F32", _f32([-0.0]), _f32([0.0]), _f32([1.0]), -1.0),  # -0 + (+0 * -1)
+        ("BF16", _bf16([-0.0]), _bf16([-0.0]), _bf16([0.0]), 3.0),
+        ("F32", _f32([1e-45]), _f32([1e-45]), _f32([0.5]), 1.0),  # subnormal ties
+        ("F32", _f32([-1e-45]), _f32([3e-45]), _f32([0.5]), 1.0),
+        ("F32", _f32([1.5e-45]), _f32([1e-45]), _f32([1e-45]), 2.0**100),
+        ("F32", _f32([1.0]), _f32([2.0**-100]), _f32([2.0**-20]), 3.0e38),  # huge scale
+        ("F32", _f32([1.0]), _f32([1.0]), _f32([1.0]), 3.4028235e38),
+        ("F32", _f32([1.0]), _f32([1.0]), _f32([1.0]), 1 + 2.0**-24),  # scale's float32 tie
+        ("F32", _f32([0.0]), _f32([1.0]), _f32([1.0]), 1e-46),  # scale rounds to +0
+        ("BF16", _bf16([3.38e38]), _bf16([1.0]), _bf16([1.0]), 1e36),  # BF16 rounds to inf
+    ],
+)
+def test_steps_kernel_edge_values_are_numpys(
+    dtype: str, prev: bytes, r: bytes, c: bytes, scale: float
+) -> None:
+    fdtype = dtype
+    inputs = Inputs(
+        "low-rank", (Factor(fdtype, (1, 1), r), Factor(fdtype, (1, 1), c)), scale, rounding="steps"
+    )
+    with np.errstate(all="ignore"):
+        want = reproduce_numpy(prev, dtype, (1, 1), inputs)
+        code = _CODES[dtype]
+        got = _planes.factored_steps(prev, code, 1, 1, r, code, c, code, 1, scale)
+        assert reproduce(prev, dtype, (1, 1), inputs) == want
+    assert got is None or got == want
+
+
+_F32, _BF16 = _CODES["F32"], _CODES["BF16"]
+_ONE, _FOUR = _f32([1.0]), _f32([1.0] * 4)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        (b"", _F32, 0, 0, b"", _F32, b"", _F32, 1, 1.0),  # a zero-size tensor
+        (_ONE, _F32, 1, 1, b"", _F32, b"", _F32, 0, 1.0),  # rank 0
+        (_ONE, _F32, 1, 1, _ONE, _F32, _ONE, _F32, -1, 1.0),
+        (_ONE, _F32, -1, -1, _ONE, _F32, _ONE, _F32, 1, 1.0),
+        (_ONE, _F32, 1, 1, _ONE[:3], _F32, _ONE, _F32, 1, 1.0),  # short factors
+        (_ONE, _F32, 1, 1, _ONE, _F32, _ONE[:2], _F32, 1, 1.0),
+        (_ONE, _F32, 1, 1, _ONE, _F32, _ONE[:2], _BF16, 2, 1.0),
+        (_ONE + b"\0", _F32, 1, 1, _ONE, _F32, _ONE, _F32, 1, 1.0),  # long value
+        (_FOUR, _F32, 2**62, 2**62, _ONE, _F32, _ONE, _F32, 1, 1.0),  # rows * cols wraps
+        (_FOUR, _F32, 2, 2, _f32([1.0] * 2), _F32, _f32([1.0] * 2), _F32, 2**62, 1.0),
+        (_FOUR, _F32, 2**31 + 2, 2, _f32([1.0] * 2), _F32, _f32([1.0] * 2), _F32, 1, 1.0),
+        (_FOUR, 1, 2, 2, _f32([1.0] * 2), _F32, _f32([1.0] * 2), _F32, 1, 1.0),  # F64
+        (_FOUR, _F32, 2, 2, _f32([1.0] * 2), 7, _f32([1.0] * 2), -1, 1, 1.0),
+        (_FOUR, _F32, 2, 2, _FOUR, _F32, _f32([1.0] * 2), _F32, 2, 1.0),  # rank mismatch
+    ],
+)
+def test_steps_kernel_checks_every_length_itself(args: tuple[object, ...]) -> None:
+    """Shapes come from a stranger's object header: the kernel trusts none of them."""
+    with pytest.raises((ValueError, OverflowError)):
+        _planes.factored_steps(*args)  # type: ignore[arg-type]
+
+
+def test_a_scale_too_large_for_a_float_is_corrupt_not_a_crash() -> None:
+    """A JSON integer has no bound; one of 400 digits made float() raise OverflowError."""
+    from git_theta.errors import ObjectCorruptError
+    from git_theta.updates import UPDATES
+
+    text = json.dumps(
+        {
+            "kind": "low-rank", "scale": 1, "shape": [2, 2], "rounding": "steps",
+            "factors": [
+                {"dtype": "F32", "shape": [2, 1], "size": 0},
+                {"dtype": "F32", "shape": [1, 2], "size": 0},
+            ],
+        }
+    ).replace('"scale": 1', '"scale": 1' + "0" * 400)  # fmt: skip
+    payload = b"GTFX" + struct.pack("<I", len(text)) + text.encode()
+    with pytest.raises(ObjectCorruptError, match="its scale is out of range"):
+        UPDATES.get("low-rank").apply(bytearray(16), payload, "F32")

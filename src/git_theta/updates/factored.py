@@ -627,6 +627,10 @@ def _read_payload(
         or rounding not in ROUNDINGS
     ):
         raise corrupt("its header is malformed")
+    try:  # JSON integers are unbounded: one of 400 digits has no float
+        factor_scale = float(scale)
+    except OverflowError:
+        raise corrupt("its scale is out of range") from None
     if limit is not None and math.prod(shape) > limit:  # every float dtype takes 2+ bytes
         raise corrupt(f"shape {list(shape)} is larger than the value")
     pos = 8 + length
@@ -653,7 +657,7 @@ def _read_payload(
             raise corrupt("a factor has the wrong length")
         out.append(Factor(known.name, f_shape, bytes(raw)))
         pos += size
-    return Inputs(kind, tuple(out), float(scale), transpose, broadcast, rounding), shape, pos
+    return Inputs(kind, tuple(out), factor_scale, transpose, broadcast, rounding), shape, pos
 
 
 def _dims(value: object) -> tuple[int, ...]:
