@@ -301,6 +301,18 @@ def atomic_write(
             fh.write(part)
 
 
+def _own_regular(fd: int, path: str) -> os.stat_result:
+    """Return the status of the file open as ``fd`` (at ``path``, for messages); raise
+    UnsafeFileError unless it is a regular file that belongs to us: an append-only file we
+    keep (a log, a record) that someone else planted or replaced is not written to."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafeFileError(f"{path} is {kind_of(st.st_mode)}, not a regular file; refused")
+    if st.st_uid != os.getuid():
+        raise UnsafeFileError(f"{path} belongs to uid {st.st_uid}, not to us; refused")
+    return st
+
+
 def append_record(path: str, data: bytes, cap: int) -> None:
     """Append ``data`` (a few small records) to the regular file ``path`` of ours in one
     ``O_APPEND`` write, creating it 0600: processes appending at once never interleave
@@ -313,11 +325,7 @@ def append_record(path: str, data: bytes, cap: int) -> None:
     except OSError as exc:
         raise _refuse(path, None, path, "a regular file", exc) from None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise UnsafeFileError(f"{path} is {kind_of(st.st_mode)}, not a regular file; refused")
-        if st.st_uid != os.getuid():
-            raise UnsafeFileError(f"{path} belongs to uid {st.st_uid}, not to us; refused")
+        st = _own_regular(fd, path)
         if st.st_size + len(data) <= cap:
             os.write(fd, data)
             return
@@ -481,11 +489,7 @@ def open_log(name: str = "errors.log") -> tuple[IO[str], str]:
     finally:
         os.close(dir_fd)
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise UnsafeFileError(f"{path} is {kind_of(st.st_mode)}, not a regular file; refused")
-        if st.st_uid != os.getuid():
-            raise UnsafeFileError(f"{path} belongs to uid {st.st_uid}, not to us; refused")
+        st = _own_regular(fd, path)
         if st.st_size > LOG_CAP:
             os.ftruncate(fd, 0)
         log = os.fdopen(fd, "a", encoding="utf-8", errors="backslashreplace")
