@@ -194,3 +194,25 @@ def test_a_scale_too_large_for_a_float_is_corrupt_not_a_crash() -> None:
     payload = b"GTFX" + struct.pack("<I", len(text)) + text.encode()
     with pytest.raises(ObjectCorruptError, match="its scale is out of range"):
         UPDATES.get("low-rank").apply(bytearray(16), payload, "F32")
+
+
+@pytest.mark.parametrize(
+    ("r", "c", "scale"),
+    [
+        ([np.inf, 1.0], [0.0, 1.0], 1.0),
+        ([3e38, 1.0], [3e38, 1.0], 1.0),
+        ([1.0] * 2, [1.0] * 2, 1e39),
+    ],
+)
+def test_non_finite_inputs_print_no_numpy_warnings(
+    r: list[float], c: list[float], scale: float
+) -> None:
+    """The kernel leaves NaN and overflow to NumPy; a stranger's object with them must
+    still fail with one line, not NumPy's RuntimeWarnings on stderr."""
+    import warnings
+
+    factors = (Factor("F32", (2, 1), _f32(r)), Factor("F32", (1, 2), _f32(c)))
+    inputs = Inputs("low-rank", factors, scale, rounding="steps")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert reproduce(_f32([1.0] * 4), "F32", (2, 2), inputs) is not None

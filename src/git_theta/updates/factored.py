@@ -290,7 +290,19 @@ def _widened(prev: Buffer, dtype: str) -> np.ndarray:
 def reproduce_numpy(
     prev: Buffer, dtype: str, shape: tuple[int, ...], inputs: Inputs
 ) -> bytes | None:
-    """The definition of ``reproduce``, in NumPy (see ``ROUNDINGS``)."""
+    """The definition of ``reproduce``, in NumPy (see ``ROUNDINGS``): the new value, or
+    None when the factors do not fit the tensor."""
+    import numpy as np
+
+    # Overflow and NaN are defined results (an object's hash then says whether they are
+    # right): a hostile object's NaN factors must not print NumPy's RuntimeWarnings.
+    with np.errstate(all="ignore"):
+        return _reproduce_numpy(prev, dtype, shape, inputs)
+
+
+def _reproduce_numpy(
+    prev: Buffer, dtype: str, shape: tuple[int, ...], inputs: Inputs
+) -> bytes | None:
     import numpy as np
 
     from git_theta.values import as_float64
