@@ -287,3 +287,18 @@ def test_c_reproduction_refuses_damaged_sizes_and_declared_shapes() -> None:
         reproduce_numpy(prev, "F32", (2, 3), wrong)
     with pytest.raises(ValueError, match="reshape"):
         reproduce(prev, "F32", (2, 3), wrong)
+
+
+def test_rank_is_capped_so_a_checkout_does_bounded_work_per_element() -> None:
+    # A rebuild costs rank multiply-adds per element; a stranger's 4096 x 4096 object at
+    # rank 4096 made a checkout take minutes. Past 1024 the factors do not fit (a clean
+    # stores such a tensor as auto would; a decode calls the object corrupt).
+    from git_theta.updates.factored import matrix_shape
+
+    square = (4096, 4096)
+    assert matrix_shape("low-rank", [(4096, 1024), (1024, 4096)], square, False, False) == (
+        1, 4096, 4096,
+    )  # fmt: skip
+    assert matrix_shape("low-rank", [(4096, 1025), (1025, 4096)], square, False, False) is None
+    # small heads keep their slack: 2 x 768 at rank 8
+    assert matrix_shape("low-rank", [(2, 8), (8, 768)], (2, 768), False, False) == (1, 2, 768)

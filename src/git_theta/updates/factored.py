@@ -163,7 +163,7 @@ def matrix_shape(
     else:
         fits = not transpose and r[:-2] == c[:-2] == shape[:-2] and shape[-2:] == (m, n)
         stack, rows, cols = math.prod(shape[:-2]), m, n
-    if not fits or rank > max(min(rows, cols), _RANK_SLACK):
+    if not fits or rank > max(min(rows, cols), _RANK_SLACK) or rank > _MAX_RANK:
         return None
     return stack, rows, cols
 
@@ -601,6 +601,9 @@ _MAX_HEADER = 1 << 16  # the JSON header of a payload is a few hundred bytes
 # keeps factors for a small head (2 x 768 with r = 8) while bounding what a hostile
 # payload can make a checkout compute (rows x cols x rank) and hold.
 _RANK_SLACK = 256
+# And a checkout does rank multiply-adds per element: a stranger's 4096 x 4096 object at
+# rank 4096 took minutes. LoRA ranks are 4-256; past 1024, factors are stored as auto would.
+_MAX_RANK = 1024
 
 
 def _read_payload(
