@@ -161,7 +161,9 @@ def test_errors_name_the_update_file(repo: Path, capsys: pytest.CaptureFixture[s
         "shape.safetensors": "git-theta: error: shape.safetensors: w/shape is [3, 2], the "
         "tensor's [2, 3]",
         "missing.pt": "git-theta: error: --update-data missing.pt: no such file",
+        "adapter": "git-theta: error: --update-data adapter: not a regular file",
     }
+    (repo / "adapter").mkdir()
     for name, message in cases.items():
         args = ["add", "model.safetensors", "--update-type", "sparse", "--update-data", name]
         assert main(args) != 0

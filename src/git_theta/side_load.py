@@ -306,8 +306,10 @@ def add_with_update_data(paths: list[str], update_type: str | None, data_path: s
     UsageError (naming FILE or the checkpoint) when they do not fit."""
     if update_type not in TYPES:
         raise UsageError("--update-data needs --update-type sparse, low-rank or ia3")
-    if not os.path.isfile(data_path):
+    if not os.path.lexists(data_path):
         raise UsageError(f"--update-data {data_path}: no such file")
+    if not os.path.isfile(data_path):
+        raise UsageError(f"--update-data {data_path}: not a regular file")
     # Messages name the file as the user gave it; it is read from where it is now.
     os.environ.pop(DATA_ENV, None)  # git's filter, run for the refresh, refuses it
     from git_theta.api._stage import Where, require_tracked
