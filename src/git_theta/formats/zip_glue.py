@@ -16,14 +16,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import BinaryIO, NamedTuple
 
 from git_theta.errors import CheckpointError
-from git_theta.formats.zip_index import MAX_ENTRIES, _zip64_fields, zip_data_start
+from git_theta.formats.zip_index import zip_data_start, zip_directory
 
 ZIP_FORMATS = frozenset({"npz", "torch"})
 # A member whose bytes differ at every save: PyTorch's per-save random identifier. A
 # merge takes the chosen side's, as it takes that side's header.
 VOLATILE_SUFFIXES = ("/.data/serialization_id", ".data/serialization_id")
-_CD = struct.Struct("<4s4xH10xIIHHH8xI")  # sig, flags, csize, usize, n_name, n_extra,
-# n_comment, local header offset: one central directory record, without its name
 
 
 class ZipCrc(NamedTuple):
@@ -38,47 +36,19 @@ class ZipCrc(NamedTuple):
 def crc_fields(fh: BinaryIO, size: int) -> list[ZipCrc]:
     """Every member of the zip ``fh`` (``size`` bytes): its data range and the offsets of
     its CRC-32 fields (local header, central directory, data descriptor). Raises
-    CheckpointError when the directory is corrupt or points outside the file."""
-    tail_len = min(size, 65536 + 22)
-    fh.seek(size - tail_len)
-    tail = fh.read(tail_len)
-    at = tail.rfind(b"PK\x05\x06")
-    if at < 0 or at + 22 > len(tail):
-        raise CheckpointError("zip end of central directory not found")
-    count, cd_size, cd_offset = struct.unpack_from("<HII", tail, at + 10)
-    if at >= 20 and tail[at - 20 : at - 16] == b"PK\x06\x07":
-        (eocd64,) = struct.unpack_from("<Q", tail, at - 20 + 8)
-        fh.seek(eocd64)
-        record = fh.read(56)
-        if len(record) < 56 or record[:4] != b"PK\x06\x06":
-            raise CheckpointError("zip64 end of central directory is corrupt")
-        count, cd_size, cd_offset = struct.unpack_from("<QQQ", record, 32)
-    if count > MAX_ENTRIES or cd_offset + cd_size > size:
-        raise CheckpointError("zip central directory is corrupt")
-    fh.seek(cd_offset)
-    directory = fh.read(cd_size)
+    CheckpointError when the directory is corrupt or points outside the file (the
+    directory is read by zip_index, with its caps)."""
     out = []
-    pos = 0
-    for _ in range(count):
-        if pos + _CD.size > len(directory):
-            raise CheckpointError("zip central directory is corrupt")
-        sig, flags, csize, usize, n_name, n_extra, n_comment, offset = _CD.unpack_from(
-            directory, pos
-        )
-        if sig != b"PK\x01\x02":
-            raise CheckpointError("zip central directory is corrupt")
-        name = directory[pos + 46 : pos + 46 + n_name].decode("utf-8", "replace")
-        extra = directory[pos + 46 + n_name : pos + 46 + n_name + n_extra]
-        csize, offset = _zip64_fields(extra, csize, usize, offset)
-        start = zip_data_start(fh, offset, size)
-        if start + csize > size:
+    for name, member in zip_directory(fh, size):
+        start = zip_data_start(fh, member.offset, size)
+        end = start + member.size
+        if end > size:
             raise CheckpointError("zip member lies outside the file")
-        crc_at = [offset + 14, cd_offset + pos + 16]
-        if flags & 8:  # a data descriptor after the data, with or without its signature
-            fh.seek(start + csize)
-            crc_at.append(start + csize + (4 if fh.read(4) == b"PK\x07\x08" else 0))
-        out.append(ZipCrc(tuple(crc_at), start, start + csize, name))
-        pos += 46 + n_name + n_extra + n_comment
+        crc_at = [member.offset + 14, member.entry_at + 16]
+        if member.flags & 8:  # a data descriptor after the data, with or without its signature
+            fh.seek(end)
+            crc_at.append(end + (4 if fh.read(4) == b"PK\x07\x08" else 0))
+        out.append(ZipCrc(tuple(crc_at), start, end, name))
     return out
 
 

@@ -18,8 +18,9 @@ MAX_ENTRIES = MAX_TENSORS + 1024  # members: one per storage, and a few records
 # Bytes of central directory: 46 bytes and a name per member (~110 for torch's).
 MAX_DIRECTORY = 64 << 20
 _EOCD = b"PK\x05\x06"
-_ENTRY = struct.Struct("<4s6xH4xIIIHHH8xI")  # sig, method, crc32, csize, usize, n_name,
-# n_extra, n_comment, local header offset: one central directory record, without its name
+_ENTRY = struct.Struct("<4s4xHH4xIIIHHH8xI")  # sig, flags, method, crc32, csize, usize,
+# n_name, n_extra, n_comment, local header offset: one central directory record, without
+# its name
 
 
 class ZipMember(NamedTuple):
@@ -28,6 +29,8 @@ class ZipMember(NamedTuple):
     method: int
     crc: int  # CRC-32 of its uncompressed bytes
     usize: int  # uncompressed bytes (as the directory claims)
+    flags: int  # general purpose bits (8: a data descriptor follows the data)
+    entry_at: int  # where its central directory record starts in the file
 
 
 def zip_entries(fh: BinaryIO, size: int) -> dict[str, tuple[int, int, int]]:
@@ -41,6 +44,12 @@ def zip_entries(fh: BinaryIO, size: int) -> dict[str, tuple[int, int, int]]:
 
 def zip_members(fh: BinaryIO, size: int) -> dict[str, ZipMember]:
     """Return the central directory, name -> ZipMember (raises as ``zip_entries``)."""
+    return dict(zip_directory(fh, size))
+
+
+def zip_directory(fh: BinaryIO, size: int) -> list[tuple[str, ZipMember]]:
+    """Return every central directory record in order, a repeated name included (raises
+    as ``zip_entries``)."""
     tail_len = min(size, 65536 + 22)
     fh.seek(size - tail_len)
     tail = fh.read(tail_len)
@@ -69,14 +78,13 @@ def zip_members(fh: BinaryIO, size: int) -> dict[str, ZipMember]:
         raise CheckpointError(f"zip central directory is too short for {count} members")
     fh.seek(cd_offset)
     directory = fh.read(cd_size)
-    out: dict[str, ZipMember] = {}
+    out: list[tuple[str, ZipMember]] = []
     pos = 0
     for _ in range(count):
         if pos + _ENTRY.size > len(directory):
             raise CheckpointError("zip central directory is corrupt")
-        sig, method, crc, csize, usize, n_name, n_extra, n_comment, offset = _ENTRY.unpack_from(
-            directory, pos
-        )
+        fields = _ENTRY.unpack_from(directory, pos)
+        sig, flags, method, crc, csize, usize, n_name, n_extra, n_comment, offset = fields
         end = pos + _ENTRY.size + n_name + n_extra + n_comment
         if sig != b"PK\x01\x02" or end > len(directory):
             raise CheckpointError("zip central directory is corrupt")
@@ -86,20 +94,15 @@ def zip_members(fh: BinaryIO, size: int) -> dict[str, ZipMember]:
         csize, usize, offset = _zip64_sizes(extra, csize, usize, offset)
         if offset + 30 > size or csize > size:
             raise CheckpointError(f"zip member {shown(name)} lies outside the file")
-        out[name] = ZipMember(offset, csize, method, crc, usize)
+        out.append((name, ZipMember(offset, csize, method, crc, usize, flags, cd_offset + pos)))
         pos = end
     return out
 
 
-def _zip64_fields(extra: bytes, csize: int, usize: int, offset: int) -> tuple[int, int]:
-    """Return (stored size, offset), taken from the zip64 extra field where the record
-    says so (a field of all ones). Raises CheckpointError when the field lacks them."""
-    csize, _, offset = _zip64_sizes(extra, csize, usize, offset)
-    return csize, offset
-
-
 def _zip64_sizes(extra: bytes, csize: int, usize: int, offset: int) -> tuple[int, int, int]:
-    """``_zip64_fields`` with the uncompressed size: (stored size, size, offset)."""
+    """Return (stored size, size, offset), taken from the zip64 extra field where the
+    record says so (a field of all ones). Raises CheckpointError when the field lacks
+    them."""
     pos = 0
     while pos + 4 <= len(extra):
         tag, length = struct.unpack_from("<HH", extra, pos)
