@@ -89,7 +89,9 @@ def test_sparse_from_the_environment_on_safetensors(
     git(repo, "add", "model.safetensors")
     git(repo, "commit", "-q", "-m", "v1")
     update = {k: v.numpy() for k, v in sparse_update(model(1), 7).items()}
-    save_file(update, str(repo / "update.safetensors"))
+    save_file(update, str(repo / "blob"))
+    # The user's own link (a Hugging Face cache's snapshot files are links) is followed.
+    (repo / "update.safetensors").symlink_to("blob")
     monkeypatch.setenv("GIT_THETA_UPDATE_DATA_PATH", "update.safetensors")
     assert main(["add", "model.safetensors", "--update-type", "sparse"]) == 0
     git(repo, "commit", "-q", "-m", "v2")

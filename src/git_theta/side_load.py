@@ -20,7 +20,7 @@ import struct
 import sys
 import zlib
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from git_theta.errors import CheckpointError, UsageError
 
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from git_theta.formats.base import TensorSpan
     from git_theta.manifest import Manifest
     from git_theta.repo import Repo
+    from git_theta.tensor_files import FileTensor as Stored
     from git_theta.updates.base import UpdateType
 
 DATA_ENV = "GIT_THETA_UPDATE_DATA_PATH"
@@ -41,47 +42,17 @@ class UpdateDataError(UsageError):
     """The update file is unreadable, or does not fit the checkpoint it is applied to."""
 
 
-class Stored(NamedTuple):
-    dtype: str
-    shape: tuple[int, ...]
-    data: bytes
-
-
 def read_tensors(path: str) -> dict[str, Stored]:
     """Every tensor of the checkpoint file ``path``, in any format git-theta reads (no
     pickle code runs); raises UpdateDataError naming ``path`` when it cannot be read."""
-    from git_theta.files import open_regular
-    from git_theta.formats import detect, file_spans, header_spans
-    from git_theta.formats.base import SNIFF_MAX
+    from git_theta.tensor_files import read_tensors as read_file
 
     try:
-        with open_regular(path) as fh:
-            size = os.fstat(fh.fileno()).st_size
-            fmt = detect(fh.read(SNIFF_MAX), path)
-            fh.seek(0)
-            spans = _spans(fh, size, fmt, header_spans, file_spans)
-            out = {}
-            for span in spans:
-                fh.seek(span.start)
-                out[span.name] = Stored(span.dtype, span.shape, fh.read(span.end - span.start))
-            return out
+        return read_file(path).tensors
     except FileNotFoundError:
         raise UpdateDataError(f"--update-data {path}: no such file") from None
     except (CheckpointError, OSError) as exc:
         raise UpdateDataError(f"{path}: {exc}") from None
-
-
-def _spans(fh: BinaryIO, size: int, fmt: Any, header_spans: Any, file_spans: Any) -> Any:
-    if fmt.needs_seek:
-        return file_spans(fmt, fh, size)
-
-    def read(n: int) -> bytes:
-        data = fh.read(n)
-        if len(data) < n:
-            raise CheckpointError(f"file is truncated at byte {fh.tell()}")
-        return data
-
-    return header_spans(fmt, read)
 
 
 # --- what the update file says, per tensor -------------------------------------------
@@ -453,15 +424,10 @@ def _lazy(path: str, span: TensorSpan, apply: Apply) -> Callable[[], bytes]:
 
 def _file_spans(path: str) -> list[TensorSpan]:
     from git_theta.files import open_regular
-    from git_theta.formats import detect, file_spans, header_spans
-    from git_theta.formats.base import SNIFF_MAX
+    from git_theta.tensor_files import tensor_spans
 
-    with open_regular(path) as fh:
-        size = os.fstat(fh.fileno()).st_size
-        fmt = detect(fh.read(SNIFF_MAX), path)
-        fh.seek(0)
-        spans: list[TensorSpan] = _spans(fh, size, fmt, header_spans, file_spans)
-        return spans
+    with open_regular(path) as fh:  # the work tree's file: no link followed
+        return tensor_spans(fh, path)[1]
 
 
 def _is_zip(path: str) -> bool:

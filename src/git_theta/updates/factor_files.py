@@ -7,7 +7,6 @@ reader that runs nothing, never ``torch.load``. Every failure names the factors 
 
 from __future__ import annotations
 
-import mmap
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -15,7 +14,7 @@ from typing import TYPE_CHECKING
 from git_theta.errors import ThetaError, UsageError
 
 if TYPE_CHECKING:
-    from git_theta.formats.base import TensorSpan
+    from git_theta.tensor_files import FileTensor
 
 # The names a PEFT ``save_pretrained`` directory holds its adapter under, preferred first.
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_model.bin")
@@ -41,7 +40,7 @@ def resolve(path: str) -> str:
 
 def read_tensors(
     path: str, wanted: Callable[[str], bool] = lambda _name: True
-) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
+) -> dict[str, FileTensor]:
     """Return the tensors of the file ``path`` whose names are ``wanted``, as name ->
     (dtype, shape, bytes); only those are copied out of the file (a whole model given by
     mistake costs its header, not its size).
@@ -49,44 +48,24 @@ def read_tensors(
     Raises UsageError naming the file and the cause when it is not a file git-theta
     reads (or is corrupt).
     """
-    from git_theta.formats import detect, file_spans, header_spans
-    from git_theta.formats.base import SNIFF_MAX
+    from git_theta.files import UnsafeFileError
+    from git_theta.tensor_files import read_tensors as read_file
 
     try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            if size == 0:
-                raise UsageError(f"--update-path {path}: the file is empty")
-            data = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        if os.path.getsize(path) == 0:
+            raise UsageError(f"--update-path {path}: the file is empty")
+        found = read_file(path, wanted)
+    except UnsafeFileError as exc:
+        raise UsageError(f"--update-path {path}: {exc}") from None
     except OSError as exc:
         raise UsageError(f"--update-path {path}: cannot read it ({exc.strerror})") from None
-    try:
-        head = data[:SNIFF_MAX]
-        try:
-            fmt = detect(head, path)
-            if fmt.needs_seek:
-                with open(path, "rb") as fh:
-                    spans: list[TensorSpan] = file_spans(fmt, fh, size)
-            else:
-                pos = 0
-
-                def read(n: int) -> bytes:
-                    nonlocal pos
-                    if pos + n > size:
-                        raise UsageError(f"--update-path {path}: the file is truncated")
-                    pos += n
-                    return data[pos - n : pos]
-
-                spans = header_spans(fmt, read)
-        except UsageError:
-            raise
-        except ThetaError as exc:
-            raise UsageError(f"--update-path {path}: {exc}") from None
-        if not spans and fmt.key == "npz":
-            raise UsageError(
-                f"--update-path {path}: no uncompressed arrays in it (members written by "
-                "np.savez_compressed are not read); save the factors with np.savez"
-            )
-        return {s.name: (s.dtype, s.shape, data[s.start : s.end]) for s in spans if wanted(s.name)}
-    finally:
-        data.close()
+    except UsageError:
+        raise
+    except ThetaError as exc:
+        raise UsageError(f"--update-path {path}: {exc}") from None
+    if not found.total and found.format == "npz":
+        raise UsageError(
+            f"--update-path {path}: no uncompressed arrays in it (members written by "
+            "np.savez_compressed are not read); save the factors with np.savez"
+        )
+    return found.tensors
