@@ -118,3 +118,21 @@ def test_git_diff_and_show_on_torch_files(tracked: Path) -> None:
     git(tracked, "commit", "-q", "-am", "zeros")
     shown = git(tracked, "show", "HEAD").stdout.decode()
     assert "-w  F32 [3]  L2 1.73205  " in shown and "+w  F32 [3]  L2 0  " in shown
+
+
+def test_two_paths_that_read_the_same_name_are_both_tensors(tracked: Path) -> None:
+    # "a.b" as a key and as a nested path: two tensors, one name once flattened.
+    first, second = torch.arange(6.0).reshape(2, 3), torch.full((4,), 2.5)
+    torch.save({"a.b": first, "a": {"b": second}}, tracked / "c.pt")
+    sha = sha256(tracked / "c.pt")
+    git(tracked, "add", "c.pt")
+    manifest = json.loads(git(tracked, "show", ":c.pt").stdout)
+    assert sorted(manifest["tensors"]) == ["a.b", "a.b#2"]
+    assert manifest["tensors"]["a.b"]["shape"] == [2, 3]
+    assert manifest["tensors"]["a.b#2"]["shape"] == [4]
+    git(tracked, "commit", "-q", "-m", "c")
+    (tracked / "c.pt").unlink()
+    git(tracked, "checkout", "--", "c.pt")
+    assert sha256(tracked / "c.pt") == sha
+    loaded = torch.load(tracked / "c.pt", weights_only=True)
+    assert torch.equal(loaded["a.b"], first) and torch.equal(loaded["a"]["b"], second)

@@ -50,15 +50,26 @@ def _tensors(root: Any) -> dict[str, TensorRef]:
     The pickle's memo lets containers be shared (a 1.3 KB pickle can nest a list in
     itself 40 times over: 2^40 paths) or even contain themselves, so each container is
     walked once, under the first path that reaches it; a tensor reached by several
-    entries (tied weights) gets each name. Raises LimitExceeded past MAX_DEPTH levels.
+    entries (tied weights) gets each name; of two tensors whose paths read the same, the
+    later is named with a "#N" suffix. Raises LimitExceeded past MAX_DEPTH levels.
     """
     out: dict[str, TensorRef] = {}
     seen: set[int] = set()
+    suffixes: dict[str, int] = {}  # the next "#N" of a name two paths flatten to
     todo: list[tuple[Any, str, int]] = [(root, "", 0)]
     while todo:
         value, prefix, depth = todo.pop()
         if isinstance(value, TensorRef):
-            out.setdefault(prefix or "tensor", value)
+            name = prefix or "tensor"
+            if out.get(name, value) is not value:
+                # {"a.b": x, "a": {"b": y}}: both paths read "a.b"; the second tensor
+                # is "a.b#2", so it is listed and stored as a tensor, not as glue.
+                n = suffixes.get(name, 2)
+                while f"{name}#{n}" in out:
+                    n += 1
+                suffixes[name] = n + 1
+                name = f"{name}#{n}"
+            out.setdefault(name, value)
             continue
         if isinstance(value, dict):
             items: Any = value.items()
