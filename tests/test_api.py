@@ -357,3 +357,47 @@ def test_save_refuses_to_replace_what_is_not_a_file_before_staging(
         git_theta.save(state(0), "m.safetensors", write_file=True)
     assert (repo / ".git" / "index").read_bytes() == index
     assert outside.read_bytes() == b"theirs"
+
+
+def test_versions_read_in_parallel_threads_each_keep_their_own_expansion_count(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each opened version counts what it rebuilt, however many threads read others at
+    the same time: every reader is refused at its own third tensor, never earlier or later."""
+    import sys
+    import threading
+
+    from git_theta import smudge
+
+    zeros = {f"t{i}": np.zeros(1 << 18, np.float32) for i in range(4)}  # 1 MiB each
+    git_theta.save(zeros, "m.safetensors", message="zeros")
+    monkeypatch.setattr(smudge, "EXPANSION_FLOOR", 5 << 19)  # 2.5 MiB
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads interleave between any two bytecodes
+    start = threading.Barrier(8)
+    results: list[list[str]] = []
+
+    def reader() -> None:
+        got: list[str] = []
+        with git_theta.open("HEAD", "m.safetensors") as ckpt:
+            start.wait()
+            for _ in range(20):
+                for name in ckpt:
+                    try:
+                        ckpt[name]
+                    except smudge.ExpansionError:
+                        got.append(f"refused {name}")
+                        break
+                    got.append(name)
+        results.append(got)
+
+    try:
+        threads = [threading.Thread(target=reader) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    refused = ["t0", "t1", "refused t2"] + ["t0", "t1", "refused t2"] * 19
+    assert results == [refused] * 8

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Callable, Iterable
 
 from git_theta import chains, lfs_pointer
@@ -153,12 +154,19 @@ class ExpansionError(ThetaError):
     """Manifests rebuild files out of all proportion to their objects."""
 
 
-class _Output:
-    """What this process has rebuilt so far (a filter serves every file of one git
-    command): bytes written, and the distinct objects they came from."""
+class Expansion:
+    """What one reader has rebuilt so far: bytes written, and the distinct objects they
+    came from. A filter serves every file of one git command, so the process shares one
+    (``PROCESS``); an API checkpoint (a training loop reads many) keeps its own. The lock
+    makes a check and its count one step for threads reading at once."""
 
-    written = 0
-    objects: dict[str, int] = {}  # noqa: RUF012 - one per process, on purpose
+    def __init__(self) -> None:
+        self.written = 0
+        self.objects: dict[str, int] = {}
+        self.lock = threading.Lock()
+
+
+PROCESS = Expansion()
 
 
 def _configured_limit() -> int:
@@ -173,17 +181,24 @@ def _configured_limit() -> int:
     return int(raw)
 
 
-def check_expansion(manifest: Manifest) -> None:
+def check_expansion(manifest: Manifest, account: Expansion | None = None) -> None:
     """Refuse a manifest when the files this process rebuilt, with this one, would be more
     than 100 times (``GIT_THETA_MAX_EXPANSION`` or ``theta.maxExpansion``; 0: no limit) the
     bytes of the distinct objects they need, past 256 MiB in all.
 
     git holds a smudge's whole output in memory, so a few KB of objects that decompress
     to zeros, shared by many tensors or many files, made a clone take gigabytes of memory
-    and disk: a hostile repository's bomb. Raises ExpansionError, else counts the file.
+    and disk: a hostile repository's bomb. Raises ExpansionError, else counts the file
+    in ``account`` (the process's, unless given).
     """
-    objects = {**_Output.objects, **{ref.oid: ref.size for _, ref in needed_objects(manifest)}}
-    written = _Output.written + manifest.size
+    account = PROCESS if account is None else account
+    with account.lock:
+        _check_expansion(manifest, account)
+
+
+def _check_expansion(manifest: Manifest, account: Expansion) -> None:
+    objects = {**account.objects, **{ref.oid: ref.size for _, ref in needed_objects(manifest)}}
+    written = account.written + manifest.size
     stored = max(sum(objects.values()), 1)
     from_env = bool(os.environ.get(EXPANSION_ENV, "").strip())
     limit = env_int(EXPANSION_ENV, MAX_EXPANSION)
@@ -197,7 +212,7 @@ def check_expansion(manifest: Manifest) -> None:
                 f"you trust it, run `git config {EXPANSION_CONFIG} 0` (or set "
                 f"{EXPANSION_ENV}=0) and check out again"
             )
-    _Output.written, _Output.objects = written, objects
+    account.written, account.objects = written, objects
 
 
 def write_checkpoint(
@@ -207,12 +222,14 @@ def write_checkpoint(
     store: ObjectStore,
     show_progress: bool | None = None,
     fetch: Fetch | None = None,
+    account: Expansion | None = None,
 ) -> None:
     """Write the checkpoint ``manifest`` describes to ``sink`` (see ``smudge``).
 
     Raises ExpansionError, before fetching or writing anything, when the file would be far
-    larger than the objects it is rebuilt from (``check_expansion``)."""
-    check_expansion(manifest)
+    larger than the objects it is rebuilt from (``check_expansion``, counted in
+    ``account``)."""
+    check_expansion(manifest, account)
     ensure_objects(manifest, store, fetch)
     from git_theta import codec
 

@@ -13,15 +13,6 @@ from git_theta.errors import ManifestError, UsageError
 Framework = Literal["numpy", "torch", "jax"]
 
 
-def reset_expansion_count() -> None:
-    """Start smudge's bomb accounting afresh: it is per process (one git command), and an
-    API process (a training loop, a notebook) serves many operations."""
-    from git_theta import smudge
-
-    smudge._Output.written = 0
-    smudge._Output.objects = {}
-
-
 def read_manifest_blob(top: str, rev: str | None, path: str) -> bytes:
     """The blob of ``path`` at ``rev`` (None: the staged version), capped at a manifest's
     largest size; raises UsageError when there is none, ManifestError when it is not a
@@ -65,6 +56,7 @@ class Checkpoint:
     downloading when missing, only that tensor's objects."""
 
     def __init__(self, top: str, rev: str | None, path: str):
+        from git_theta import smudge
         from git_theta.manifest import parse
         from git_theta.repo import Repo
 
@@ -75,7 +67,7 @@ class Checkpoint:
         # smudge's bomb accounting for what this version rebuilt, tensor by tensor: a loop
         # over ``ckpt[name]`` meets the cap ``to_dict`` meets (a name counts once).
         self._counted: set[str] = set()
-        self._rebuilt = (0, {})  # type: tuple[int, dict[str, int]]
+        self._rebuilt = smudge.Expansion()  # this version's own bomb accounting
 
     @property
     def format(self) -> str:
@@ -160,23 +152,16 @@ class Checkpoint:
         ExpansionError, counting nothing, when they would pass smudge's cap."""
         from git_theta import smudge
 
-        reset_expansion_count()
-        smudge._Output.written, smudge._Output.objects = self._rebuilt
-        try:
-            smudge.check_expansion(part)
-            self._rebuilt = (smudge._Output.written, smudge._Output.objects)
-            self._counted.update(part.tensors)
-        finally:
-            reset_expansion_count()
+        smudge.check_expansion(part, self._rebuilt)
+        self._counted.update(part.tensors)
 
     def file_bytes_to(self, out: Any) -> None:
         """Write the whole checkpoint file, byte for byte as a checkout gives it, to ``out``
         (anything with ``write``)."""
         from git_theta import smudge
 
-        reset_expansion_count()
         smudge.write_checkpoint(self.manifest, out, self.path, self._repo.store, False,
-                                self._repo.downloader.fetch)  # fmt: skip
+                                self._repo.downloader.fetch, smudge.Expansion())  # fmt: skip
 
     def close(self) -> None:
         """Stop the downloader, if one was started."""
