@@ -67,14 +67,10 @@ class Repo:
         """The tensors of the other manifests of this repository (the index's, HEAD's,
         and those this process writes), read when a clean first needs them."""
         from git_theta.history import identity_blobs
-        from git_theta.identity import Known
+        from git_theta.identity import Blob, Known
 
-        def load(near: str) -> list[tuple[int, str, Manifest]]:
-            found = []
-            for source, path, oid, data in identity_blobs(near, self.cwd):
-                manifest = self._parse_blob(oid, data)
-                if manifest is not None:
-                    found.append((source, path, manifest))
-            return found
+        def blobs(near: str) -> list[Blob]:
+            return [Blob(*found) for found in identity_blobs(near, self.cwd)]
 
-        return Known(load)
+        # Parsed only when the prefilter finds a looked-up hash or name in its text.
+        return Known(blobs=blobs, parse=self._parse_blob)
