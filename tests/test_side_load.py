@@ -298,3 +298,34 @@ def test_a_sparse_value_an_integer_tensor_cannot_hold_is_refused(
     assert main(args) == 2
     assert sha256(repo / "m.safetensors") == before
     status_clean(repo)
+
+
+def test_an_in_process_add_leaves_the_callers_environment_as_it_was(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`main(["add", ...])` from Python (a notebook, the API's users) hands its settings
+    to git's filter without leaving them in the caller's environment."""
+    import os
+
+    for name in ("GIT_THETA_UPDATE_TYPE", "GIT_THETA_UPDATE_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    values = {k: v.numpy() for k, v in model(1).items()}
+    save_file(values, str(repo / "model.safetensors"))
+    git(repo, "add", "model.safetensors")
+    git(repo, "commit", "-q", "-m", "v1")
+    before = dict(os.environ)
+    values["fc.bias"][0] += 1
+    save_file(values, str(repo / "model.safetensors"))
+    assert main(["add", "model.safetensors", "--update-type", "sparse"]) == 0
+    assert dict(os.environ) == before
+    update = {k: v.numpy() for k, v in sparse_update(model(1), 7).items()}
+    save_file(update, str(repo / "update.safetensors"))
+    git(repo, "commit", "-q", "-m", "v2")
+    monkeypatch.setenv("GIT_THETA_UPDATE_DATA_PATH", "update.safetensors")
+    before = dict(os.environ)
+    assert main(["add", "model.safetensors", "--update-type", "sparse"]) == 0
+    assert dict(os.environ) == before
+    # and with the variable set, the commit after it (git cleans the file again when its
+    # timestamp is racy) is not refused: nothing changed, nothing is stored
+    git(repo, "commit", "-q", "-m", "v3")
+    assert git(repo, "status", "--porcelain").stdout == b"?? update.safetensors\n"

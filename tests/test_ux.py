@@ -446,7 +446,6 @@ def test_forcing_an_update_type_restages_and_says_when_it_stored_dense(repo: Pat
 def test_an_update_type_for_a_path_git_theta_does_not_track_is_refused(
     repo: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("GIT_THETA_UPDATE_TYPE", "")  # add() sets it in this process: undone
     (repo / "notes.txt").write_text("hello\n")
     capsys.readouterr()
     assert main(["add", "notes.txt", "--update-type", "sparse"]) == 2

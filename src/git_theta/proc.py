@@ -161,12 +161,13 @@ def _subprocess_run(
     return Finished(done.returncode, done.stdout, done.stderr)
 
 
-def run_attached(*argv: str) -> int:
-    """Run ``argv`` with the terminal attached (its output is the user's); return its code."""
+def run_attached(*argv: str, env: dict[str, str] | None = None) -> int:
+    """Run ``argv`` with the terminal attached (its output is the user's) and ``env`` (by
+    default this process's environment); return its code."""
     import subprocess
 
     try:
-        return subprocess.run(argv, check=False).returncode
+        return subprocess.run(argv, check=False, env=env).returncode
     except FileNotFoundError:
         raise not_found(argv) from None
 

@@ -282,18 +282,24 @@ def add_with_update_data(paths: list[str], update_type: str | None, data_path: s
     if not os.path.isfile(data_path):
         raise UsageError(f"--update-data {data_path}: not a regular file")
     # Messages name the file as the user gave it; it is read from where it is now.
-    os.environ.pop(DATA_ENV, None)  # git's filter, run for the refresh, refuses it
+    # git's filter, run for the refresh, refuses the variable: it is unset meanwhile and
+    # put back after, so an in-process caller's environment ends as it began.
+    given = os.environ.pop(DATA_ENV, None)
     from git_theta.api._stage import Where, require_tracked
     from git_theta.repo import Repo
 
-    for path in paths:
-        where = Where(".", path)
-        require_tracked(where)
-        repo = Repo(where.top)
-        try:
-            _add_one(repo, where, path, update_type, data_path)
-        finally:
-            repo.close()
+    try:
+        for path in paths:
+            where = Where(".", path)
+            require_tracked(where)
+            repo = Repo(where.top)
+            try:
+                _add_one(repo, where, path, update_type, data_path)
+            finally:
+                repo.close()
+    finally:
+        if given is not None:
+            os.environ[DATA_ENV] = given
     return 0
 
 

@@ -78,10 +78,7 @@ def _configured_policy(top: str) -> Callable[[str], UpdateType]:
     from git_theta.updates import UPDATES
 
     if os.environ.get("GIT_THETA_UPDATE_DATA_PATH", "").strip():  # see side_load.py
-        raise UsageError(
-            "GIT_THETA_UPDATE_DATA_PATH is applied by `git theta add PATH --update-type TYPE`, "
-            "which also rewrites PATH to the result; plain `git add` cannot: use that"
-        )
+        return _refuse_update_data
     forced = os.environ.get(ENV, "").strip()
     inputs = os.environ.get(PATH_ENV, "").strip()
     if forced:
@@ -92,6 +89,24 @@ def _configured_policy(top: str) -> Callable[[str], UpdateType]:
     if inputs:
         raise UsageError(f"{PATH_ENV} needs {ENV} (low-rank or ia3) as well")
     return _rules_policy(top)
+
+
+def _refuse_update_data(_name: str) -> UpdateType:
+    """The policy while GIT_THETA_UPDATE_DATA_PATH is set: refuse to store a changed
+    tensor (plain `git add` cannot apply the update), asked only when one would be
+    stored. So the `git commit` or `git status` after `git theta add`, which clean the
+    unchanged file again (git's racy-timestamp check), still work with it set; a command
+    that only looks stores nothing and uses auto."""
+    from git_theta import git_parent
+
+    if git_parent.git_only_looks():
+        from git_theta.updates import UPDATES
+
+        return UPDATES.get(DEFAULT)
+    raise UsageError(
+        "GIT_THETA_UPDATE_DATA_PATH is applied by `git theta add PATH --update-type TYPE`, "
+        "which also rewrites PATH to the result; plain `git add` cannot: use that"
+    )
 
 
 def _rules_policy(top: str) -> Callable[[str], UpdateType]:

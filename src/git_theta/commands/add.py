@@ -34,23 +34,26 @@ def add(
             raise UsageError("--update-data and --update-path: give one of them")
         return add_with_update_data(paths, update_type, update_data)
     # end --update-data
+    # The settings reach `git add`'s filter through its environment, not this process's:
+    # an in-process caller (the API, tests) keeps its own environment unchanged.
+    env = dict(os.environ)
     if update_path is not None:
         if update_type not in ("low-rank", "ia3"):
             raise UsageError("--update-path needs --update-type low-rank or ia3")
         if not os.path.exists(update_path):  # a file, or a PEFT adapter directory
             raise UsageError(f"--update-path {update_path}: no such file")
-        os.environ[PATH_ENV] = os.path.abspath(update_path)
+        env[PATH_ENV] = os.path.abspath(update_path)
     if update_type is not None:
         try:
-            os.environ[ENV] = check_type(update_type, "--update-type")
+            env[ENV] = check_type(update_type, "--update-type")
         except UnknownPluginError as exc:
             raise UsageError(str(exc)) from None
     if update_type is None:
-        return run_attached("git", "add", "--", *paths)
-    return _add_afresh(paths, update_type)
+        return run_attached("git", "add", "--", *paths, env=env)
+    return _add_afresh(paths, update_type, env)
 
 
-def _add_afresh(paths: list[str], update_type: str) -> int:
+def _add_afresh(paths: list[str], update_type: str, env: dict[str, str]) -> int:
     """``git add`` with an update type that really applies (restage.py): a file git-theta
     does not track is refused, and staged versions are cleaned again against HEAD's."""
     from git_theta.restage import check_tracked, restore, staged_entries, unstage
@@ -60,7 +63,7 @@ def _add_afresh(paths: list[str], update_type: str) -> int:
     unstage(entries)
     code = 1
     try:
-        code = run_attached("git", "add", "--", *paths)
+        code = run_attached("git", "add", "--", *paths, env=env)
     finally:
         if code != 0:
             restore(entries)  # as before: a failed add changes nothing
