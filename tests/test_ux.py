@@ -609,3 +609,59 @@ def test_a_bad_quiet_value_is_one_warning_on_a_terminal_and_breaks_nothing(
     assert code == 0, shown
     assert shown.count("GIT_THETA_QUIET='maybe' is not a boolean") == 1, shown
     assert hashlib.sha256((repo / "model.safetensors").read_bytes()).hexdigest() == want
+
+
+def test_an_interrupted_forced_add_leaves_the_index_as_it_was(
+    repo: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`git theta add --update-type` re-stages in a private copy of the index: Ctrl-C at
+    the worst moment (entries put back to HEAD's, the add not yet run) changes nothing,
+    and a held index lock is refused before anything happens."""
+    import json
+
+    import numpy as np
+
+    from git_theta.commands import add as add_command
+
+    rng = np.random.default_rng(1)
+    weight = rng.standard_normal(4096).astype(np.float32)
+    (repo / "model.safetensors").write_bytes(st_from_arrays({"w": weight}))
+    git(repo, "add", "model.safetensors")
+    git(repo, "commit", "-q", "-m", "v1")
+    weight[7] += 1
+    (repo / "model.safetensors").write_bytes(st_from_arrays({"w": weight}))
+    git(repo, "add", "model.safetensors")
+    index = repo / ".git" / "index"
+    before = index.read_bytes()
+    head = git(repo, "ls-tree", "HEAD", "--format=%(objectmode) %(objectname) 0\t%(path)").stdout
+    assert git(repo, "ls-files", "-s").stdout != head
+
+    def interrupted(*argv: str, env: dict[str, str] | None = None) -> int:
+        # the private index was put back to HEAD's version of the file, the real one not
+        assert env is not None and env["GIT_INDEX_FILE"].endswith("index.theta")
+        assert git(repo, "ls-files", "-s").stdout == head  # our git calls: the copy
+        assert index.read_bytes() == before
+        raise KeyboardInterrupt
+
+    original = add_command.run_attached
+    monkeypatch.setattr(add_command, "run_attached", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        main(["add", "model.safetensors", "--update-type", "dense"])
+    assert index.read_bytes() == before
+    assert sorted(p.name for p in (repo / ".git").glob("index*")) == ["index"]
+    assert "GIT_INDEX_FILE" not in os.environ
+    monkeypatch.setattr(add_command, "run_attached", original)
+
+    (repo / ".git" / "index.lock").write_bytes(b"")
+    capsys.readouterr()
+    assert main(["add", "model.safetensors", "--update-type", "dense"]) == 1
+    lock = repo / ".git" / "index.lock"
+    assert capsys.readouterr().err == (
+        f"git-theta: error: {lock} exists: another git command is running in this "
+        "repository; let it finish, then try again (if none is, remove that file)\n"
+    )
+    lock.unlink()
+    assert index.read_bytes() == before
+    assert main(["add", "model.safetensors", "--update-type", "dense"]) == 0
+    manifest = json.loads(git(repo, "show", ":model.safetensors").stdout)
+    assert [link["update"] for link in manifest["tensors"]["w"]["chain"]] == ["dense"]

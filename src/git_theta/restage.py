@@ -5,7 +5,9 @@ still matches (a plain ``git add`` of the same file a moment ago), and the filte
 tensor's staged chain when its bytes are the staged ones. So for each git-theta path
 whose staged manifest differs from HEAD's, the index entry is first put back to HEAD's;
 the ``git add`` that follows then cleans the file against HEAD's version, with the type
-asked for. If that add fails, the entries are put back as they were.
+asked for. Both happen in a copy of the index, as git's own ``git commit PATH`` works:
+the index is locked (``index.lock``), the copy changed, and renamed over the index only
+when the add succeeded. A failed, interrupted or killed add leaves the index as it was.
 
 And a path git-theta does not track would be staged as a plain blob with the update
 type silently ignored: ``check_tracked`` refuses it before anything is staged.
@@ -13,10 +15,63 @@ type silently ignored: ``check_tracked`` refuses it before anything is staged.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 from git_theta import git
-from git_theta.errors import UsageError
+from git_theta.errors import ThetaError, UsageError
+
+INDEX_ENV = "GIT_INDEX_FILE"
+
+
+class IndexBusyError(ThetaError):
+    """Another git command holds the index lock."""
+
+
+@contextlib.contextmanager
+def private_index() -> Iterator[str]:
+    """Lock the index and yield the path of a copy of it (for ``GIT_INDEX_FILE``); the
+    copy replaces the index when the block ends without an exception, else it is dropped.
+    This process's git calls use the copy meanwhile (``GIT_INDEX_FILE``, put back after).
+
+    Raises IndexBusyError when another git command holds the index lock.
+    """
+    index = os.path.abspath(os.fsdecode(git.git("rev-parse", "--git-path", "index").strip()))
+    lock = index + ".lock"
+    try:
+        fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except FileExistsError:
+        raise IndexBusyError(
+            f"{lock} exists: another git command is running in this repository; let it "
+            "finish, then try again (if none is, remove that file)"
+        ) from None
+    os.close(fd)
+    copy = index + ".theta"
+    given = os.environ.get(INDEX_ENV)
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(copy)  # left by a killed run
+        # No index yet: git starts one. "x": never through a name that exists.
+        with (
+            contextlib.suppress(FileNotFoundError),
+            open(index, "rb") as src,
+            open(copy, "xb") as dst,
+        ):
+            while chunk := src.read(1 << 20):
+                dst.write(chunk)
+        os.environ[INDEX_ENV] = copy
+        yield copy
+        if os.path.exists(copy):
+            os.replace(copy, index)  # as git's own lock-and-rename does
+    finally:
+        if given is None:
+            os.environ.pop(INDEX_ENV, None)
+        else:
+            os.environ[INDEX_ENV] = given
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(copy)
+        os.unlink(lock)
 
 
 def _theta_paths(paths: list[str]) -> list[str]:
@@ -73,10 +128,3 @@ def unstage(entries: list[bytes]) -> None:
             git.git("reset", "-q", "HEAD", "--", *paths)
         else:
             git.git("rm", "-q", "--cached", "--", *paths)
-
-
-def restore(entries: list[bytes]) -> None:
-    """Put ``entries`` (``ls-files -s`` lines, a format --index-info reads) back into the
-    index exactly as they were."""
-    if entries:
-        git.git("update-index", "-z", "--index-info", stdin=b"".join(e + b"\0" for e in entries))

@@ -53,18 +53,23 @@ def add(
     return _add_afresh(paths, update_type, env)
 
 
+class _AddFailed(Exception):
+    """git add exited non-zero: the private index is dropped (never leaves here)."""
+
+
 def _add_afresh(paths: list[str], update_type: str, env: dict[str, str]) -> int:
     """``git add`` with an update type that really applies (restage.py): a file git-theta
-    does not track is refused, and staged versions are cleaned again against HEAD's."""
-    from git_theta.restage import check_tracked, restore, staged_entries, unstage
+    does not track is refused, and staged versions are cleaned again against HEAD's, in a
+    private copy of the index that replaces it only when the add succeeded."""
+    from git_theta.restage import INDEX_ENV, check_tracked, private_index, staged_entries, unstage
 
     check_tracked(paths, f"--update-type {update_type}")
-    entries = staged_entries(paths)
-    unstage(entries)
-    code = 1
     try:
-        code = run_attached("git", "add", "--", *paths, env=env)
-    finally:
-        if code != 0:
-            restore(entries)  # as before: a failed add changes nothing
-    return code
+        with private_index() as private:
+            unstage(staged_entries(paths))
+            code = run_attached("git", "add", "--", *paths, env={**env, INDEX_ENV: private})
+            if code != 0:
+                raise _AddFailed
+    except _AddFailed:
+        return code
+    return 0
