@@ -327,3 +327,183 @@ def test_recycled_buffers_are_reused_by_size_and_bounded(monkeypatch: pytest.Mon
     codec.recycle(memoryview(bytearray(600)))
     assert codec._spare_bytes == 600
     assert codec.new_buffer(599) is not a
+
+
+# --- grouped planes: a delta's planes ordered by its previous value's exponent ---------
+
+
+def fine_tune(n: int, word: int = 4, seed: int = 5) -> tuple[bytes, bytes]:
+    """(old, new) bit patterns of ``n`` weights after a few AdamW-like steps: every weight
+    moves by about the same amount (~6e-5), so the change in bit-pattern units follows
+    each old value's exponent."""
+    rng = np.random.default_rng(seed)
+    np_type = {2: np.float16, 4: np.float32, 8: np.float64}[word]
+    old = (rng.standard_normal(n) * 0.02).astype(np_type)
+    old[: n // 8] = 1.0 + old[: n // 8]  # layer-norm weights: another exponent
+    step = 6e-5 * rng.uniform(0.5, 1.5, n) * rng.choice([-1.0, 1.0], n)
+    new = (old + step).astype(np_type)
+    return old.tobytes(), new.tobytes()
+
+
+def zigzag(old: bytes, new: bytes, word: int) -> bytes:
+    from git_theta.updates.delta import _zigzag
+
+    return _zigzag(new, old, word).tobytes()
+
+
+def planes_of(obj: bytes) -> list[tuple[int, int]]:
+    """(method, payload length) of every plane, chunk by chunk."""
+    found, pos = [], codec._HEAD.size
+    while pos < len(obj):
+        method, n = codec._PLANE.unpack_from(obj, pos)
+        found.append((method, n))
+        pos += codec._PLANE.size + n
+    return found
+
+
+def methods(obj: bytes) -> list[int]:
+    return [method for method, _ in planes_of(obj)]
+
+
+@settings(max_examples=80, deadline=None)
+@given(word=st.sampled_from([2, 4, 8]), count=st.integers(0, 8), data=st.data())
+def test_c_kernel_and_numpy_group_planes_alike(word: int, count: int, data: st.DataObject) -> None:
+    n = data.draw(st.integers(0, 300))
+    context = data.draw(st.binary(min_size=n * word, max_size=n * word))
+    planes = [data.draw(st.binary(min_size=n, max_size=n)) for _ in range(count)]
+    grouped = _planes.group(planes, context, word, True)
+    assert grouped == codec._group_numpy(planes, context, word, True)
+    assert _planes.group(grouped, context, word, False) == planes
+    assert codec._group_numpy(grouped, context, word, False) == planes
+
+
+def test_c_kernel_group_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="plane length does not match the context"):
+        _planes.group([b"ab", b"abc"], bytes(8), 4, True)
+    with pytest.raises(ValueError, match="word must be 2, 4 or 8, not 3"):
+        _planes.group([b"a"], bytes(3), 3, True)
+    with pytest.raises(ValueError, match="context is not whole words"):
+        _planes.group([b"a"], bytes(5), 4, False)
+    with pytest.raises(ValueError, match="at most 8 planes"):
+        _planes.group([b""] * 9, b"", 4, True)
+
+
+@pytest.mark.parametrize("word", [2, 4, 8])
+def test_a_fine_tune_delta_grouped_by_its_previous_value_is_smaller(
+    word: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(codec, "CHUNK_WORDS", 40_000)  # several chunks, a ragged last one
+    old, new = fine_tune(100_000, word)
+    z = zigzag(old, new, word)
+    plain = encode(z, codec.Layout(word))
+    grouped = b"".join(codec.encode(z, codec.Layout(word), context=old))
+    assert len(grouped) < len(plain)
+    pairs = [(g, p) for g, p in zip(planes_of(grouped), planes_of(plain), strict=True)]
+    kept = [(g[1], p[1]) for g, p in pairs if g[0] & codec.GROUPED]
+    assert kept, "no plane was stored grouped"
+    assert sum(g for g, _ in kept) < 0.97 * sum(p for _, p in kept)
+    assert all(g[1] == p[1] for g, p in pairs if not g[0] & codec.GROUPED)
+    assert bytes(codec.decode(grouped, context=old)) == z
+    monkeypatch.setattr(kernels, "native", None)  # the NumPy twins: the same bytes
+    assert b"".join(codec.encode(z, codec.Layout(word), context=old)) == grouped
+    assert bytes(codec.decode(grouped, context=bytearray(old))) == z
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    word=st.sampled_from([2, 4, 8]),
+    n=st.integers(0, 12_000),
+    low=st.integers(1, 255),
+    related=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_grouping_is_kept_only_where_it_is_smaller(
+    word: int, n: int, low: int, related: bool, seed: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    context = rng.integers(0, 256, n * word, dtype=np.uint8)
+    z = rng.integers(0, low + 1, n * word, dtype=np.uint8)
+    if related:  # each plane's bytes bounded by the context's top byte: grouping helps
+        z = (z % (1 + np.repeat(context[word - 1 :: word].astype(np.uint16), word))).astype(
+            np.uint8
+        )
+    with_context = b"".join(codec.encode(z.tobytes(), codec.Layout(word), context=context))
+    assert len(with_context) <= len(encode(z.tobytes(), codec.Layout(word)))
+    assert bytes(codec.decode(with_context, context=context.tobytes())) == z.tobytes()
+
+
+def test_a_grouped_object_decodes_only_with_a_context_of_its_size() -> None:
+    import io
+
+    old, new = fine_tune(20_000)
+    z = zigzag(old, new, 4)
+    obj = b"".join(codec.encode(z, codec.Layout(4), context=old))
+    missing = "content object is grouped by a previous value, and it was read without one"
+    with pytest.raises(ObjectCorruptError, match=missing):
+        codec.decode(obj)
+    with pytest.raises(ObjectCorruptError, match=missing):
+        codec.decode_each(obj, lambda at, chunk: None)
+    with pytest.raises(ObjectCorruptError, match=missing):
+        list(codec.decode_stream(io.BytesIO(obj).read))
+    other = "content object holds 80,000 bytes, its previous value 79,996: they must be the same"
+    with pytest.raises(ObjectCorruptError, match=other):
+        codec.decode(obj, context=old[:-4])
+    with pytest.raises(ObjectCorruptError, match=other):
+        codec.decode_each(obj, lambda at, chunk: None, context=old[:-4])
+    # A plain object (no planes) never has a grouped plane: the flag there is corrupt.
+    head = codec._HEAD.pack(b"GTHO", 1, 1, 0, 0, 4, 1 << 20)
+    plain = head + codec._PLANE.pack(codec.GROUPED | codec.RAW, 4) + b"abcd"
+    with pytest.raises(ObjectCorruptError, match="grouped by a previous value"):
+        codec.decode(plain, context=b"wxyz")
+
+
+GROUPED_SAMPLE = fine_tune(6000)
+GROUPED_SAMPLE_OBJECT = b"".join(
+    codec.encode(zigzag(*GROUPED_SAMPLE, 4), codec.Layout(4), context=GROUPED_SAMPLE[0])
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    cut=st.one_of(st.none(), st.integers(0, 20_000)),
+    flips=st.lists(st.tuples(st.integers(0, 20_000), st.integers(1, 255)), max_size=6),
+    native=st.booleans(),
+)
+def test_a_mutated_grouped_object_is_refused_or_decodes_to_its_size(
+    cut: int | None, flips: list[tuple[int, int]], native: bool
+) -> None:
+    assert any(m & codec.GROUPED for m in methods(GROUPED_SAMPLE_OBJECT))
+    old = GROUPED_SAMPLE[0]
+    obj = bytearray(GROUPED_SAMPLE_OBJECT)
+    for pos, mask in flips:
+        obj[pos % len(obj)] ^= mask
+    if cut is not None:
+        del obj[cut % (len(obj) + 1) :]
+    saved = kernels.native
+    kernels.native = kernels.native if native else None
+    try:
+        out = codec.decode(bytes(obj), limit=len(old), context=old)
+    except ObjectCorruptError as exc:
+        assert str(exc).isprintable() and str(exc).strip()
+    else:
+        assert len(out) == len(old)
+    finally:
+        kernels.native = saved
+
+
+@pytest.mark.parametrize(("dtype", "word"), [("F16", 2), ("F32", 4), ("F64", 8)])
+@pytest.mark.parametrize("kernel", ["native", "numpy"])
+def test_a_delta_applies_exactly_with_grouped_planes(
+    dtype: str, word: int, kernel: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from git_theta.updates.delta import Delta
+
+    monkeypatch.setattr(codec, "CHUNK_WORDS", 30_000)
+    if kernel == "numpy":
+        monkeypatch.setattr(kernels, "native", None)
+    old, new = fine_tune(70_000, word)
+    parts = Delta().encode(new, old, dtype)
+    assert parts is not None
+    obj = b"".join(parts)
+    assert any(m & codec.GROUPED for m in methods(obj))
+    assert Delta().apply(bytearray(old), obj, dtype) == new

@@ -1018,6 +1018,114 @@ static PyObject *inflate_literals(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* Grouped planes (the codec's GROUPED flag): a delta's byte planes reordered so that the
+ * elements whose previous value has the same top byte (after the rotation: a float's
+ * exponent) are together. The size of a change in bit-pattern units follows the old
+ * value's exponent, so each group's high planes are far more skewed than the whole
+ * plane's, and the entropy coder's blocks adapt to them. The order is a stable counting
+ * sort on that key, so the decoder rebuilds it from the previous value alone. */
+static inline unsigned char group_key(const unsigned char *w, int word) {
+    return (unsigned char)((w[word - 1] << 1) | (w[word - 2] >> 7));
+}
+
+/* Where each element goes in grouped order: a stable counting sort on the key. */
+static void group_order(uint32_t *restrict to, const unsigned char *restrict ctx, Py_ssize_t n,
+                        int word) {
+    uint32_t cur[256] = {0};
+    for (Py_ssize_t i = 0; i < n; i++) cur[group_key(ctx + i * word, word)]++;
+    uint32_t at = 0;
+    for (int k = 0; k < 256; k++) {
+        uint32_t c = cur[k];
+        cur[k] = at;
+        at += c;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) to[i] = cur[group_key(ctx + i * word, word)]++;
+}
+
+/* Move byte i of every plane to (forward) or from its place in grouped order; 0 when out
+ * of memory. One order serves every plane: computing it is most of the cost. */
+static int permute(unsigned char *const *dst, const unsigned char *const *src, int planes,
+                   const unsigned char *ctx, Py_ssize_t n, int word, int forward) {
+    uint32_t *to = malloc((size_t)n * sizeof *to + 1);
+    if (to == NULL) return 0;
+    group_order(to, ctx, n, word);
+    for (int p = 0; p < planes; p++) {
+        unsigned char *restrict d = dst[p];
+        const unsigned char *restrict s = src[p];
+        if (forward)
+            for (Py_ssize_t i = 0; i < n; i++) d[to[i]] = s[i];
+        else
+            for (Py_ssize_t i = 0; i < n; i++) d[i] = s[to[i]];
+    }
+    free(to);
+    return 1;
+}
+
+/* group(planes, context, word, forward) -> list of bytes: each plane (one byte per word
+ * of `context`) in grouped order (forward) or back from it. */
+static PyObject *group(PyObject *self, PyObject *args) {
+    PyObject *seq;
+    Py_buffer context;
+    int word, forward;
+    if (!PyArg_ParseTuple(args, "Oy*ip", &seq, &context, &word, &forward)) return NULL;
+    Py_buffer in[PLANES_MAX];
+    int held = 0;
+    PyObject *list = NULL, *result = NULL;
+    if (!check_word(word) || context.len % word) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "context is not whole words");
+        goto done;
+    }
+    Py_ssize_t n = context.len / word, count = PySequence_Check(seq) ? PySequence_Size(seq) : -1;
+    if (count < 0 || count > PLANES_MAX) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "need a sequence of at most 8 planes");
+        goto done;
+    }
+    if (n > (Py_ssize_t)UINT32_MAX) {  /* the order is held in 32 bits (a chunk is 1 Mi words) */
+        PyErr_SetString(PyExc_ValueError, "more than 2**32 - 1 words");
+        goto done;
+    }
+    const unsigned char *src[PLANES_MAX];
+    unsigned char *dst[PLANES_MAX];
+    list = PyList_New(count);
+    if (list == NULL) goto done;
+    for (; held < count; held++) {
+        PyObject *item = PySequence_GetItem(seq, held);
+        if (item == NULL) goto done;
+        int rc = PyObject_GetBuffer(item, &in[held], PyBUF_SIMPLE);
+        Py_DECREF(item);
+        if (rc < 0) goto done;
+        if (in[held].len != n) {
+            held++;
+            PyErr_SetString(PyExc_ValueError, "plane length does not match the context");
+            goto done;
+        }
+        src[held] = in[held].buf;
+        PyObject *plane = PyBytes_FromStringAndSize(NULL, n);
+        if (plane == NULL) {
+            held++;
+            goto done;
+        }
+        dst[held] = (unsigned char *)PyBytes_AS_STRING(plane);
+        PyList_SET_ITEM(list, held, plane);
+    }
+    const unsigned char *ctx = context.buf;
+    int ok = 1;
+    Py_BEGIN_ALLOW_THREADS
+    if (count) ok = permute(dst, src, (int)count, ctx, n, word, forward);
+    Py_END_ALLOW_THREADS
+    if (!ok) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = list;
+    list = NULL;
+done:
+    Py_XDECREF(list);
+    for (int k = 0; k < held; k++) PyBuffer_Release(&in[k]);
+    PyBuffer_Release(&context);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"split", split, METH_VARARGS, "split(data, word, rotate) -> planes, most significant byte first"},
     {"join", join, METH_VARARGS, "join(out, planes, word, rotate): inverse of split, into out"},
@@ -1032,6 +1140,7 @@ static PyMethodDef methods[] = {
     {"inflate_literals", inflate_literals, METH_VARARGS, "inflate_literals(payload, size) -> bytes, or None when zlib must decode it"},
     {"factored", factored, METH_VARARGS, "factored(prev, code, rows, cols, a, acode, b, bcode, rank, scale) -> bytes or None"},
     {"factored_steps", factored_steps, METH_VARARGS, "factored_steps(prev, code, rows, cols, a, acode, b, bcode, rank, scale) -> bytes or None"},
+    {"group", group, METH_VARARGS, "group(planes, context, word, forward) -> planes in (or back from) the context's key order"},
     {NULL, NULL, 0, NULL},
 };
 

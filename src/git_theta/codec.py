@@ -14,6 +14,13 @@ Object layout (little-endian)::
 
 ``word`` = 1 means no planes (plain bytes). Chunks bound memory and keep entropy tables
 local; each plane of each chunk picks its own method, so odd data cannot blow up.
+
+Method bit 7 (GROUPED) says the plane's bytes are stored in *grouped order*: sorted,
+stably, by the top byte of the rotated word of a context the reader already has (a
+delta's previous value: the byte is its exponent). A bit-pattern change's size follows
+the old value's exponent, so grouped high planes are far more skewed and compress ~30%
+better (a full fine-tune at lr 2e-5 stored 4.5% less). Such an object decodes only with
+its context; an older reader refuses the method.
 """
 
 from __future__ import annotations
@@ -43,6 +50,9 @@ _PLANE = struct.Struct("<BI")
 CHUNK_WORDS = 1 << 20
 
 RAW, ZSTD, HUFFMAN = 0, 1, 2
+GROUPED = 0x80  # method flag: the plane is in its context's key order
+GROUP_MAX_BITS = 7.95  # a plane this close to random gains nothing from grouping
+GROUP_MIN = 4096  # bytes: a smaller plane would save tens of bytes for a second encode
 _SAMPLE = 1 << 16  # bytes sampled to pick a plane's method
 _UINT = {1: "<u1", 2: "<u2", 4: "<u4", 8: "<u8"}
 
@@ -136,6 +146,38 @@ def _pack_plane(raw: bytes | memoryview, level: int) -> tuple[int, bytes | memor
     return method, payload
 
 
+def _group_numpy(
+    planes: Sequence[bytes | memoryview], context: bytes | memoryview, word: int, forward: bool
+) -> list[bytes]:
+    """NumPy version of ``_planes.group``: each plane in (or back from) grouped order."""
+    import numpy as np
+
+    grid = np.frombuffer(context, dtype=np.uint8).reshape(-1, word)
+    key = ((grid[:, word - 1].astype(np.uint16) << 1) | (grid[:, word - 2] >> 7)).astype(np.uint8)
+    order = np.argsort(key, kind="stable")  # a counting sort's order
+    out = []
+    for plane in planes:
+        data = np.frombuffer(plane, dtype=np.uint8)
+        if len(data) != len(key):
+            raise ValueError("plane length does not match the context")
+        if forward:
+            out.append(data[order].tobytes())
+        else:
+            back = np.empty_like(data)
+            back[order] = data
+            out.append(back.tobytes())
+    return out
+
+
+def _group(
+    planes: Sequence[bytes | memoryview], context: bytes | memoryview, word: int, forward: bool
+) -> list[bytes]:
+    if kernels.native is not None:
+        grouped: list[bytes] = kernels.native.group(planes, context, word, forward)
+        return grouped
+    return _group_numpy(planes, context, word, forward)
+
+
 def _unpack_plane(method: int, payload: bytes | memoryview, size: int) -> bytes | memoryview:
     if method == RAW:
         out = payload
@@ -215,11 +257,25 @@ def _join_into(out: memoryview, planes: Sequence[bytes | memoryview], layout: La
         _join_numpy(out, planes, layout)
 
 
-def _encode_chunk(chunk: memoryview, layout: Layout, level: int) -> bytes:
-    rows = [chunk] if layout.word == 1 else _split(chunk, layout)
+def _encode_chunk(
+    chunk: memoryview, layout: Layout, level: int, context: memoryview | None = None
+) -> bytes:
+    rows: list[bytes | memoryview] = [chunk] if layout.word == 1 else [*_split(chunk, layout)]
+    packed = [_pack_plane(row, level) for row in rows]
+    if context is not None and layout.word > 1:
+        # Each plane with some structure is also tried in grouped order; kept if smaller.
+        tried = [
+            k
+            for k, row in enumerate(rows)
+            if len(row) >= GROUP_MIN and _entropy_bits(row) < GROUP_MAX_BITS
+        ]
+        grouped = _group([rows[k] for k in tried], context, layout.word, True) if tried else []
+        for k, row in zip(tried, grouped, strict=True):
+            method, payload = _pack_plane(row, level)
+            if len(payload) < len(packed[k][1]):
+                packed[k] = (method | GROUPED, payload)
     parts: list[bytes | memoryview] = []
-    for row in rows:
-        method, payload = _pack_plane(row, level)
+    for method, payload in packed:
         parts.append(_PLANE.pack(method, len(payload)))
         parts.append(payload)
     return b"".join(parts)
@@ -230,19 +286,30 @@ def encode_stream(
     layout: Layout = PLAIN,
     level: int = 1,
     pool: Pool | None = None,
+    context: bytes | bytearray | memoryview | None = None,
 ) -> Iterator[bytes]:
     """Yield the content object for ``data`` part by part (deterministic for equal input).
 
-    With ``pool``, chunks are encoded in parallel; only a few are held at a time.
+    With ``pool``, chunks are encoded in parallel; only a few are held at a time. With
+    ``context`` (as long as ``data``: a delta's previous value), planes may be stored
+    grouped by it; the object then decodes only with the same context.
     """
     view = memoryview(data).cast("B")
     if layout.word > 1 and len(view) % layout.word:
         layout = Layout()
+    ctx = None if context is None else memoryview(context).cast("B")
+    if ctx is not None and len(ctx) != len(view):
+        raise ValueError("the context is not as long as the data")
     chunk_bytes = CHUNK_WORDS * layout.word
     yield _HEAD.pack(MAGIC, VERSION, layout.word, int(layout.rotate), 0, len(view), CHUNK_WORDS)
-    chunks = (view[i : i + chunk_bytes] for i in range(0, len(view), chunk_bytes))
+    starts = range(0, len(view), chunk_bytes)
     use = pool if len(view) > chunk_bytes else None
-    yield from pipelined(lambda c: _encode_chunk(c, layout, level), chunks, use)
+
+    def one(start: int) -> bytes:
+        part = None if ctx is None else ctx[start : start + chunk_bytes]
+        return _encode_chunk(view[start : start + chunk_bytes], layout, level, part)
+
+    yield from pipelined(one, iter(starts), use)
 
 
 def encode(
@@ -250,22 +317,39 @@ def encode(
     layout: Layout = PLAIN,
     level: int = 1,
     pool: Pool | None = None,
+    context: bytes | bytearray | memoryview | None = None,
 ) -> list[bytes]:
-    """Return the content object for ``data`` as a list of parts to concatenate."""
-    return list(encode_stream(data, layout, level, pool))
+    """Return the content object for ``data`` as a list of parts to concatenate (see
+    ``encode_stream`` for ``context``)."""
+    return list(encode_stream(data, layout, level, pool, context))
 
 
-def _decode_chunk(view: memoryview, pos: int, out: memoryview, layout: Layout) -> None:
-    """Decode the chunk whose planes start at ``view[pos]`` into ``out``."""
+def _decode_chunk(
+    view: memoryview, pos: int, out: memoryview, layout: Layout, context: memoryview | None
+) -> None:
+    """Decode the chunk whose planes start at ``view[pos]`` into ``out``; ``context`` is
+    the same span of the object's context, or None when it has none."""
     word = layout.word
-    rows = []
-    for _ in range(word):
+    rows: list[bytes | memoryview] = []
+    grouped = []
+    for k in range(word):
         method, n = _PLANE.unpack_from(view, pos)
         pos += _PLANE.size
         if pos + n > len(view):
             raise ObjectCorruptError("content object is truncated")
-        rows.append(_unpack_plane(method, view[pos : pos + n], len(out) // word))
+        if method & GROUPED:
+            if word == 1 or context is None:
+                raise ObjectCorruptError(
+                    "content object is grouped by a previous value, and it was read without one"
+                )
+            grouped.append(k)
+        rows.append(_unpack_plane(method & ~GROUPED, view[pos : pos + n], len(out) // word))
         pos += n
+    if grouped:
+        assert context is not None
+        back = _group([rows[k] for k in grouped], context, word, False)
+        for k, row in zip(grouped, back, strict=True):
+            rows[k] = row
     if word == 1:
         out[:] = rows[0]
     else:
@@ -340,7 +424,7 @@ def decode_stream(
         blob, size = job
         out = new_buffer(size)
         try:
-            _decode_chunk(memoryview(blob), 0, memoryview(out), layout)
+            _decode_chunk(memoryview(blob), 0, memoryview(out), layout, None)
         except (_ZLIB_ERROR, struct.error) as exc:
             raise ObjectCorruptError(f"content object is corrupt: {exc}") from exc
         return out
@@ -373,19 +457,38 @@ def _chunk_starts(view: memoryview, layout: Layout, length: int, chunk_words: in
 
 
 def decode(
-    obj: bytes | memoryview | mmap.mmap, pool: Pool | None = None, limit: int | None = None
+    obj: bytes | memoryview | mmap.mmap,
+    pool: Pool | None = None,
+    limit: int | None = None,
+    context: bytes | bytearray | memoryview | None = None,
 ) -> bytearray:
-    """Return the bytes stored in content object ``obj``.
+    """Return the bytes stored in content object ``obj`` (``context``: what it was encoded
+    with, for grouped planes).
 
-    Raises ObjectCorruptError when the object is malformed or of an unknown version, and
-    LengthError, before allocating, when it declares more than ``limit`` bytes.
+    Raises ObjectCorruptError when the object is malformed or of an unknown version, or
+    its context is missing or of another length, and LengthError, before allocating,
+    when it declares more than ``limit`` bytes.
     """
     view = memoryview(obj).cast("B")
     layout, length, chunk_words = _parse_head(view, limit)
     starts = _checked_starts(view, layout, length, chunk_words)
+    ctx = _context_for(context, length)
     out = new_buffer(length)  # every chunk below is written in full, or decode raises
-    _decode_chunks(view, layout, length, chunk_words, starts, memoryview(out), _ignore, pool)
+    _decode_chunks(view, layout, length, chunk_words, starts, memoryview(out), _ignore, pool, ctx)
     return out
+
+
+def _context_for(context: bytes | bytearray | memoryview | None, length: int) -> memoryview | None:
+    """``context`` as bytes; ObjectCorruptError when it is not the object's length."""
+    if context is None:
+        return None
+    ctx = memoryview(context).cast("B")
+    if len(ctx) != length:
+        raise ObjectCorruptError(
+            f"content object holds {length:,} bytes, its previous value {len(ctx):,}: "
+            "they must be the same size"
+        )
+    return ctx
 
 
 def _checked_starts(view: memoryview, layout: Layout, length: int, chunk_words: int) -> list[int]:
@@ -404,17 +507,20 @@ def decode_each(
     each: Callable[[int, memoryview], None],
     pool: Pool | None = None,
     limit: int | None = None,
+    context: bytes | bytearray | memoryview | None = None,
 ) -> int:
     """Decode ``obj`` chunk by chunk, calling ``each(offset, chunk)`` (from pool threads
     when ``pool`` is given) instead of assembling the whole value; return its length.
     ``each`` must not keep the chunk: its buffer is reused for the next one.
     Memory is a few chunks, whatever the size. Raises ObjectCorruptError (LengthError
-    over ``limit``) like ``decode``.
+    over ``limit``) like ``decode``. A chunk's span of ``context`` is read before
+    ``each`` is called for that chunk, so ``each`` may overwrite that span.
     """
     view = memoryview(obj).cast("B")
     layout, length, chunk_words = _parse_head(view, limit)
     starts = _checked_starts(view, layout, length, chunk_words)
-    _decode_chunks(view, layout, length, chunk_words, starts, None, each, pool)
+    ctx = _context_for(context, length)
+    _decode_chunks(view, layout, length, chunk_words, starts, None, each, pool, ctx)
     return length
 
 
@@ -427,6 +533,7 @@ def _decode_chunks(
     out: memoryview | None,
     each: Callable[[int, memoryview], None],
     pool: Pool | None,
+    context: memoryview | None = None,
 ) -> None:
     """Decode every chunk into ``out`` (or a scratch buffer per chunk), then ``each``."""
     chunk_bytes = chunk_words * layout.word
@@ -434,13 +541,14 @@ def _decode_chunks(
     def one(job: tuple[int, int]) -> None:
         pos, start = job
         size = min(chunk_bytes, length - start)
+        ctx = None if context is None else context[start : start + size]
         if out is not None:
-            _decode_chunk(view, pos, out[start : start + size], layout)
+            _decode_chunk(view, pos, out[start : start + size], layout, ctx)
             each(start, out[start : start + size])
             return
         scratch = new_buffer(size)
         with memoryview(scratch) as target:
-            _decode_chunk(view, pos, target, layout)
+            _decode_chunk(view, pos, target, layout, ctx)
             each(start, target)
         recycle(scratch)  # each() keeps nothing of the chunk
 

@@ -6,6 +6,10 @@ little, so the difference of the bit patterns is a small integer: the high plane
 zeros and compress to almost nothing. Measured on MiniLM FP32 with every weight scaled
 by (1 + 1e-3 noise): 0.493x of raw (an XOR delta gave 0.542x; the data's entropy ~0.49x).
 Wrapping arithmetic makes it exact for every bit pattern, NaNs included.
+
+The previous value is the codec's context: a plane may be stored grouped by the old
+value's exponent (the size of a change in bit-pattern units follows it), which a full
+fine-tune at lr 2e-5 stored 4.5% smaller (docs/benchmarks.md, "Fine-tuning").
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ class Delta(UpdateType):
             z: bytes = kernels.native.zigzag(new, prev, size)
         else:
             z = _zigzag(new, prev, size).tobytes()
-        return codec.encode(z, codec.Layout(size), pool=chunk_pool())
+        return codec.encode(z, codec.Layout(size), pool=chunk_pool(), context=prev)
 
     def apply(
         self, prev: bytearray | None, payload: Payload, dtype: str, limit: int | None = None
@@ -86,11 +90,13 @@ class Delta(UpdateType):
                     raise ObjectCorruptError(f"delta is malformed: {exc}") from None
 
             # The difference has the previous value's length: an object declaring more
-            # fails before anything is decoded.
-            if codec.decode_each(payload, add, pool=chunk_pool(), limit=len(prev)) != len(prev):
+            # fails before anything is decoded. A chunk's context is read before add()
+            # overwrites that span of prev.
+            n = codec.decode_each(payload, add, pool=chunk_pool(), limit=len(prev), context=value)
+            if n != len(prev):
                 raise ObjectCorruptError("delta does not match the size of the previous value")
             return prev
-        raw = codec.decode(payload, pool=chunk_pool(), limit=len(prev))
+        raw = codec.decode(payload, pool=chunk_pool(), limit=len(prev), context=prev)
         if len(prev) != len(raw):
             raise ObjectCorruptError("delta does not match the size of the previous value")
         import numpy as np
