@@ -68,6 +68,9 @@ class Values:
     store: ObjectStore
     fetch: Callable[[Iterable[ObjectRef]], None] | None = None
     keep: bool = False  # leave merged values for the checkout that follows (merged_values)
+    # A file that may hold ours' checkpoint (the work-tree file, which a merge starts from):
+    # ours' tensors are read from it when their bytes have ours' hashes, not decoded.
+    ours_file: str | None = None
 
 
 @dataclass
@@ -152,6 +155,7 @@ class _Tensors:
         self.rule = rule
         self.ask = ask
         self.crcs: dict[str, int] | None = None  # merged tensors' CRC-32 (zip formats)
+        self.ours_file: _FileValues | None = None
 
     def fetch(self, entries: Iterable[TensorEntry | None]) -> None:
         """Download, in one batch, every object of ``entries`` that is not local."""
@@ -178,9 +182,11 @@ class _Tensors:
         b = entries[0]
         base = None if b is None else chains.rebuild(name, b, store, limit=size)
         out: list[bytearray | None] = [base]
-        for e in entries[1:]:
+        for i, e in enumerate(entries[1:], 1):
             value = None
-            if e is not None and b is not None and base is not None:
+            if i == 1 and e is not None and self.ours_file is not None:
+                value = self.ours_file.read(name, e)
+            if value is None and e is not None and b is not None and base is not None:
                 value = _on_base(e, b, base, self.values.store)
             if value is None and e is not None:
                 value = chains.rebuild(name, e, store, limit=size)
@@ -238,8 +244,17 @@ class _Tensors:
         values.clear()
         chain = None
         if base is not None and base_value is not None and base.dtype == ours.dtype:
+            # Ours is needed only if the base's chain is no clear win: freed now, the
+            # encode's buffers take its place (the largest tensor sets the peak).
+            ours_value = None
             chain = _on_base_chain(data, base, base_value, self.values.store, name, ours.shape)
         del base_value
+
+        def ours_again() -> bytearray | None:
+            if ours_value is not None:
+                return ours_value
+            return chains.rebuild(name, ours, self.values.store, limit=len(data))
+
         if chain is None:
             chain = chains.store_value(
                 data,
@@ -247,7 +262,7 @@ class _Tensors:
                 self.values.store,
                 "auto",
                 ours,
-                lambda: ours_value,
+                ours_again,
                 name=name,
                 shape=ours.shape,
             )
@@ -257,6 +272,72 @@ class _Tensors:
 
             merged_values.keep(self.values.store, hash_, data)
         return TensorEntry(ours.dtype, ours.shape, hash_, chain)
+
+
+class _FileValues:
+    """Ours' tensor values read from a file that may hold ours' checkpoint: the work-tree
+    file a merge starts from (git merges into a clean work tree). Reading and hashing a
+    value costs a fraction of decoding its chain. Each value is used only when its bytes
+    have the entry's hash, so a file that changed, or holds something else, only costs
+    the read: the caller decodes the chain then."""
+
+    def __init__(self, path: str, manifest: Manifest):
+        import os
+
+        from git_theta.errors import ThetaError
+        from git_theta.files import open_regular
+
+        self.spans: dict[str, tuple[int, int]] = {}
+        self.fd = -1
+        try:
+            with open_regular(path) as fh:
+                if os.fstat(fh.fileno()).st_size != manifest.size:
+                    return
+                self.fd = os.dup(fh.fileno())
+        except (OSError, ThetaError):
+            return
+        pos = 0
+        for item in manifest.layout:
+            if isinstance(item, int):
+                pos += item
+                continue
+            n = tensor_nbytes(manifest.tensors[item].dtype, manifest.tensors[item].shape)
+            if n is None:  # an opaque size: the offsets after it are unknown
+                break
+            self.spans[item] = (pos, n)
+            pos += n
+
+    def read(self, name: str, entry: TensorEntry) -> bytearray | None:
+        """``entry``'s value from the file, or None when the file does not hold it."""
+        import os
+
+        from git_theta import codec
+        from git_theta.content import content_hash
+
+        span = self.spans.get(name)
+        if span is None or self.fd < 0 or span[1] != tensor_nbytes(entry.dtype, entry.shape):
+            return None
+        offset, n = span
+        value = codec.new_buffer(n)
+        view, got = memoryview(value), 0
+        try:
+            while got < n:
+                k = os.preadv(self.fd, [view[got:]], offset + got)
+                if k <= 0:
+                    return None
+                got += k
+        except OSError:
+            return None
+        finally:
+            view.release()
+        return value if content_hash(value) == entry.hash else None
+
+    def close(self) -> None:
+        import os
+
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 class _NotClear(Exception):
@@ -277,12 +358,12 @@ def _on_base_chain(
     is decoded again, and a checkout applies one update. None otherwise. Two fine-tunes
     of one base that both changed every element store ~0.8x each: on ours' chain the
     merged value would need two such updates, past a fresh value."""
-    from git_theta.chains import MAX_CHAIN
+    from git_theta.chains import MAX_CHAIN, steps
     from git_theta.updates import UPDATES
     from git_theta.updates.base import CLEAR_WIN
 
     first = base.chain[0]
-    if first.update != "dense" or len(base.chain) >= MAX_CHAIN or len(base_value) != len(data):
+    if first.update != "dense" or steps(base.chain) >= MAX_CHAIN or len(base_value) != len(data):
         return None
     estimate = first.ref.size
 
@@ -309,20 +390,16 @@ def _on_base(
     """``entry``'s value from its base's decoded ``value`` plus the links it adds, when
     its chain extends the base's and the result has its hash; else None (the caller
     rebuilds it the long way, which names whatever is wrong)."""
+    from git_theta import chains
     from git_theta.content import content_hash
     from git_theta.errors import ThetaError
-    from git_theta.updates import UPDATES
 
     n = len(base.chain)
     if entry.dtype != base.dtype or entry.chain[:n] != base.chain:
         return None
     out = bytearray(value)  # updates apply in place; the base is used again
     try:
-        for link in entry.chain[n:]:
-            plugin = UPDATES.get(link.update)
-            if plugin.codec != link.codec:
-                return None
-            out = plugin.apply(out, store.get(link.ref), entry.dtype, limit=len(value))
+        out = chains.apply_links(out, entry.chain[n:], entry.dtype, store, len(value))
     except ThetaError:
         return None
     return out if content_hash(out) == entry.hash else None
@@ -394,7 +471,13 @@ def merge3(
     merger = _Tensors(values, rule, ask) if values is not None else None
     if merger is not None and zip_crcs is not None:
         merger.crcs = {}
-    _merge_both(merger, both, b_tensors, ours, theirs, tensors, result, size)
+    if merger is not None and values is not None and values.ours_file is not None and both:
+        merger.ours_file = _FileValues(values.ours_file, ours)
+    try:
+        _merge_both(merger, both, b_tensors, ours, theirs, tensors, result, size)
+    finally:
+        if merger is not None and merger.ours_file is not None:
+            merger.ours_file.close()
 
     # Every tensor the chosen header names must be there, with the dtype and shape it says.
     for name in names:
@@ -608,12 +691,10 @@ def _merge_both(
     def weight(name: str) -> int:
         return 6 * nbytes(ours.tensors[name])  # three values, working copies, the result
 
-    from git_theta.parallel import ordered_map
-
+    done_by_name = _run_first_passes(first_pass, computable, weight)
     asked: list[Question] = []
-    for name, (what, got, _choice) in zip(
-        computable, ordered_map(first_pass, computable, weight), strict=True
-    ):
+    for name in computable:  # results, conflicts and questions in name order
+        what, got, _choice = done_by_name.pop(name)
         if what == "done":
             assert isinstance(got, TensorEntry) and got.merge is not None
             tensors[name] = got
@@ -646,6 +727,40 @@ def _merge_both(
         stored = merger.store(name, ours.tensors[name], values, done, entries3[0])
         tensors[name] = stored._replace(merge=record)
         result.records[name] = record
+
+
+def _run_first_passes(
+    fn: Callable[[str], T], names: list[str], weight: Callable[[str], int]
+) -> dict[str, T]:
+    """``fn(name)`` for every name, on the worker pool, memory-bounded by ``weight``.
+
+    A model's largest tensor (GPT-2's embeddings: a third of its bytes) is often far past
+    the pool's budget, so ordered_map runs it alone: merged last, it kept one core busy
+    for a third of the merge while the other idled. When it is the only tensor past the
+    budget it gets a lane of its own from the start, and the others share the machine
+    with it through ordered_map (its budget still bounds them): memory is the largest
+    tensor's working set plus the budget, as before, and both cores work throughout."""
+    from git_theta.parallel import BUDGET, Pool, Task, ordered_map
+
+    by_size = sorted(names, key=weight, reverse=True)
+    lane = by_size[:1] if by_size and weight(by_size[0]) > BUDGET else []
+    if len(by_size) > 1 and weight(by_size[1]) > BUDGET:
+        lane = []  # two past the budget: one at a time, as ordered_map runs them
+    rest = [n for n in names if n not in lane]
+    pool = Pool(1, "theta-merge-large") if lane else None
+    tasks: list[tuple[str, Task[T]]] = []
+    try:
+        if pool is not None:
+            tasks = [(n, pool.submit(fn, n)) for n in lane]
+        out = dict(zip(rest, ordered_map(fn, rest, weight), strict=True))
+        for name, task in tasks:
+            out[name] = task.result()
+    finally:
+        if pool is not None:
+            for _, task in tasks:
+                task.cancel()
+            pool.shutdown()
+    return out
 
 
 def nbytes(entry: TensorEntry) -> int:

@@ -149,7 +149,11 @@ def _merge(
     repo: Repo,
     forced: Choice | None,
     interactive: bool,
+    ours_file: str | None = None,
 ) -> MergeResult:
+    """Merge the three versions of ``path`` with the settings (``forced`` first) and,
+    when ``interactive``, the prompt. ``ours_file`` is the work-tree file, which may
+    hold ours' bytes (read instead of decoded where they hash right)."""
     from git_theta.merge_rules import load_rule
 
     rule: Rule
@@ -158,7 +162,7 @@ def _merge(
     from git_theta import merged_values
 
     merged_values.sweep(repo.store)
-    values = Values(repo.store, repo.downloader.fetch, keep=True)  # for the checkout
+    values = Values(repo.store, repo.downloader.fetch, keep=True, ours_file=ours_file)
     return merge3(base, ours, theirs, values, rule, ask, whole)
 
 
@@ -167,7 +171,8 @@ def merge_driver(base: str, ours: str, theirs: str, path: str) -> int:
     from git_theta import git
     from git_theta.repo import Repo
 
-    repo = Repo(str(git.toplevel()))
+    top = str(git.toplevel())
+    repo = Repo(top)
     try:
         shown = escape(path)
         o, t = _read(ours, repo, shown, "our version"), _read(theirs, repo, shown, "their version")
@@ -178,7 +183,9 @@ def merge_driver(base: str, ours: str, theirs: str, path: str) -> int:
             )
             return 1
         b = _read(base, repo, shown, "the merge base's version")
-        result = _merge(path, b, o, t, repo, None, interactive=True)
+        # git merges into a work tree whose file is ours (a rebase's, a stash pop's too).
+        full = os.path.join(top, path)
+        result = _merge(path, b, o, t, repo, None, interactive=True, ours_file=full)
         from git_theta.merge_check import check_taken
 
         try:
@@ -388,7 +395,7 @@ def _resolve(
         )
         return
     _refuse_changed(full, path, versions, repo)
-    result = _merge(path, versions.get(1), versions[2], versions[3], repo, forced, True)
+    result = _merge(path, versions.get(1), versions[2], versions[3], repo, forced, True, full)
     if result.conflicts:
         raise MergeConflictError(_conflict_message(path, result).removeprefix("git-theta: "))
     data = result.manifest.to_bytes()

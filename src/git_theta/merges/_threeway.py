@@ -26,6 +26,7 @@ from git_theta.merges.base import (
 )
 
 BLOCK = 1 << 15  # units per block: 128 KB of float32 per array, in cache
+_IEEE = {"F16": "<f2", "F32": "<f4", "F64": "<f8"}
 
 
 def draw_seed() -> int:
@@ -76,8 +77,13 @@ class _Widened:
         for start in range(0, self.size, BLOCK):
             yield (start, *self.block(start, min(start + BLOCK, self.size)))
 
-    def block(self, start: int, end: int) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
-        b = None if self.b is None else _floats.widen(self.b[start:end], self.dtype)
+    def block(
+        self, start: int, end: int, with_base: bool = True
+    ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+        """The block's values, widened (new arrays); the base only ``with_base``."""
+        b = None
+        if self.b is not None and with_base:
+            b = _floats.widen(self.b[start:end], self.dtype)
         return (
             b,
             _floats.widen(self.o[start:end], self.dtype),
@@ -226,10 +232,20 @@ class _Combiner:
         if self.whole is not None:
             np.copyto(out, self.whole[start:end], where=conflict)
         else:
-            b, o, t = _Widened(self.b, self.o, self.t, self.dtype).block(start, end)
+            widened = _Widened(self.b, self.o, self.t, self.dtype)
+            b, o, t = widened.block(start, end, self.strategy.reads_base)
             values = self.strategy.combine(b, o, t, self.params, self.state, start)
             np.copyto(out, _floats.narrow(values, self.dtype).view(out.dtype), where=conflict)
-        self._check_finite(out, conflict, start, end)
+        if not self._all_finite(out):
+            self._check_finite(out, conflict, start, end)
+
+    def _all_finite(self, out: np.ndarray) -> bool:
+        """True when every value of the block is finite (then no conflicting one can be
+        inf or NaN): two reductions, no temporaries; False says look closer."""
+        if self.dtype not in ("F16", "F32", "F64"):
+            return False
+        values = out.view(_IEEE[self.dtype])
+        return bool(np.isfinite(values.min()) and np.isfinite(values.max()))
 
     def _check_finite(self, out: np.ndarray, conflict: np.ndarray, start: int, end: int) -> None:
         """Raise MergeError when the strategy made inf or NaN from finite inputs: params

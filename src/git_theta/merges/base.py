@@ -60,6 +60,8 @@ class MergeStrategy(ABC):
     needs_base: ClassVar[bool] = False  # task arithmetic, TIES, DARE, base: the ancestor
     picks_side: ClassVar[bool] = False  # ours/theirs/base: any dtype, bytes copied exactly
     uses_seed: ClassVar[bool] = False  # DARE: a seed is drawn if not given, and recorded
+    # False: combine ignores ``base`` (average, slerp), so the merge does not widen it.
+    reads_base: ClassVar[bool] = True
     # True when, given prepare's whole-tensor statistics, element i of the result depends
     # only on element i of the inputs (and on i): merge_tensor then runs prepare once and
     # combine on consecutive blocks, in order, so memory stays at a few blocks. False

@@ -54,6 +54,7 @@ class Average(MergeStrategy):
         Param("weight", float, 0.5, "their share of the mean", low=0.0, high=1.0),
     )
     blockwise: ClassVar[bool] = True
+    reads_base: ClassVar[bool] = False
 
     def combine(
         self,

@@ -61,6 +61,7 @@ class Slerp(MergeStrategy):
     )
 
     blockwise: ClassVar[bool] = True
+    reads_base: ClassVar[bool] = False
 
     def prepare(self, blocks: Blocks, params: Mapping[str, ParamValue]) -> object:
         """Return the interpolation's two coefficients."""
