@@ -244,19 +244,26 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--only", choices=("save", "open", "memory"), help="one part only")
     args = parser.parse_args(argv)
+    parts = {args.only} if args.only else {"save", "open", "memory"}
     work = Path(tempfile.mkdtemp(prefix="theta-bench-api-"))
     try:
         env = hermetic_env(work)
         os.environ.clear()
         os.environ.update(env)  # the API runs in this process, as users run it
         sd = state_dict()
-        log("save")
-        lines = ["### Save from memory", "", *bench_save(work, env, sd, args.runs), ""]
-        log("open")
-        lines += ["### Open one tensor", "", *bench_open(work, env, sd, args.runs), ""]
-        log("memory")
-        lines += ["### Memory of a save", "", *bench_memory(work, env, args.runs), ""]
+        lines = [f"load average {os.getloadavg()[0]:.1f} at the start", ""]
+        if parts & {"save", "open"}:  # open reads the repositories save makes
+            log("save")
+            lines += ["### Save from memory", "", *bench_save(work, env, sd, args.runs), ""]
+        if "open" in parts:
+            log("open")
+            lines += ["### Open one tensor", "", *bench_open(work, env, sd, args.runs), ""]
+        if "memory" in parts:
+            log("memory")
+            lines += ["### Memory of a save", "", *bench_memory(work, env, args.runs), ""]
+        lines += [f"load average {os.getloadavg()[0]:.1f} at the end"]
         print("\n".join(lines))
     finally:
         os.chdir(str(Path.home()))
