@@ -78,7 +78,7 @@ def test_low_rank_and_ia3_through_git(repo: Path, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "git-theta: attn.q.weight: low-rank factors reproduce the file within" in done.stderr
     git(repo, "commit", "-q", "-m", "lora")
-    assert chain_of(repo, "attn.q.weight") == ["dense", "low-rank"]
+    assert chain_of(repo, "attn.q.weight") == ["dense", "factor", "factor", "low-rank"]
     report = subprocess.run(
         ["git", "theta", "diff", "HEAD~1", "HEAD"], cwd=repo, capture_output=True, text=True
     ).stdout
@@ -96,7 +96,7 @@ def test_low_rank_and_ia3_through_git(repo: Path, tmp_path: Path) -> None:
     done = run_add(repo, "--update-type", "ia3", "--update-path", str(vectors))
     assert done.returncode == 0, done.stderr
     git(repo, "commit", "-q", "-m", "ia3")
-    assert chain_of(repo, "attn.v.weight") == ["dense", "ia3"]
+    assert chain_of(repo, "attn.v.weight") == ["dense", "factor", "ia3"]
     v3 = sha256(repo / "m.safetensors")
 
     fresh = tmp_path / "fresh"
@@ -128,7 +128,7 @@ def test_peft_adapter_is_scaled_by_alpha_over_r(repo: Path, tmp_path: Path) -> N
     done = run_add(repo, "--update-type", "low-rank", "--update-path", str(adapter))
     assert done.returncode == 0, done.stderr
     git(repo, "commit", "-q", "-m", "peft")
-    assert chain_of(repo, "attn.v.weight") == ["dense", "low-rank"]
+    assert chain_of(repo, "attn.v.weight") == ["dense", "factor", "factor", "low-rank"]
     manifest = json.loads(git(repo, "show", "HEAD:m.safetensors").stdout)
     size = manifest["tensors"]["attn.v.weight"]["chain"][1]["size"]
     assert size < 1.2 * (a.nbytes + b.nbytes)

@@ -16,14 +16,47 @@ import blake3
 from git_theta.content import content_hash
 from git_theta.display import quote
 from git_theta.errors import ObjectCorruptError, ThetaError
-from git_theta.manifest import MAX_TENSOR_BYTES, Link, TensorEntry, tensor_nbytes
+from git_theta.manifest import (
+    MAX_LINKS,
+    MAX_TENSOR_BYTES,
+    OPERAND_UPDATE,
+    Link,
+    TensorEntry,
+    tensor_nbytes,
+)
 from git_theta.parallel import chunk_pool
-from git_theta.store import ObjectStore
+from git_theta.store import ObjectRef, ObjectStore
 
 if TYPE_CHECKING:
-    from git_theta.updates.base import UpdateType
+    from git_theta.store import ObjectBytes
+    from git_theta.updates.base import Picked, UpdateType
 
 MAX_CHAIN = 8
+
+
+def steps(chain: tuple[Link, ...]) -> int:
+    """The updates of ``chain`` (its base among them), operand links not counted: a
+    low-rank step is one step however many factor objects it takes."""
+    return sum(1 for link in chain if link.update != OPERAND_UPDATE)
+
+
+def last_step(chain: tuple[Link, ...]) -> int:
+    """Where ``chain``'s last step starts: its last link and the operand links before it."""
+    start = len(chain) - 1
+    while start > 0 and chain[start - 1].update == OPERAND_UPDATE:
+        start -= 1
+    return start
+
+
+def _links(picked: Picked, store: ObjectStore) -> tuple[Link, ...]:
+    """Store ``picked``'s operands and payload; return their links, in chain order."""
+    from git_theta.updates import UPDATES
+    from git_theta.updates.operand import FactorOperand
+
+    assert picked.parts is not None
+    links = [Link(FactorOperand.key, FactorOperand.codec, store.put(p)) for p in picked.operands]
+    links.append(Link(picked.key, UPDATES.get(picked.key).codec, store.put(picked.parts)))
+    return tuple(links)
 
 
 def store_value(
@@ -57,12 +90,22 @@ def store_value(
             memo.append(parts)
         return memo[0]
 
+    known: list[bool] = []
+
+    def present() -> bool:
+        """Whether the dense object, when it was encoded anyway, is in the store already
+        (a committed adapter's factor, another file's tensor): then it costs nothing and
+        is the link to take, whatever an update would cost."""
+        if memo and not known:
+            known.append(_stored(memo[0], store))
+        return bool(known) and known[0]
+
     can_chain = (
         previous is not None
         and previous.dtype == dtype
         and load_previous is not None
         and plugin.needs_previous
-        and len(previous.chain) < max_chain
+        and steps(previous.chain) < max_chain
     )
     if can_chain:
         assert previous is not None and load_previous is not None
@@ -70,26 +113,34 @@ def store_value(
         if prev is not None:
             base = previous.chain[0]
             estimate = base.ref.size if base.update == "dense" else None
-            key, parts = plugin.pick(new, prev, dtype, dense_parts, estimate, name, shape)
-            if parts is not None and key != "dense":
+            picked = plugin.pick_linked(new, prev, dtype, dense_parts, estimate, name, shape)
+            fits = len(previous.chain) + 1 + len(picked.operands) <= MAX_LINKS
+            if picked.parts is not None and picked.key != "dense" and fits:
                 # The base is stored already; the updates on top are what a fresh value
                 # would replace (and what every checkout has to apply). Far below the last
                 # dense value's size, the new dense value need not be computed to know.
-                updates = sum(link.ref.size for link in previous.chain[1:])
-                updates += sum(map(len, parts))
+                updates = sum(link.ref.size for link in previous.chain[1:]) + picked.size()
                 clear = estimate is not None and updates < CLEAR_WIN * estimate
-                if clear or updates < sum(map(len, dense_parts())):
-                    link = Link(key, UPDATES.get(key).codec, store.put(parts))
-                    return (*previous.chain, link)
-            del prev, parts  # before the base is rebuilt: memory holds one old value
-    rebased = _on_base(new, dtype, store, plugin, previous, dense_parts, name, shape)
-    if rebased is not None:
-        return rebased
-    if previous is not None and plugin.key not in ("auto", "dense"):
+                if (clear or updates < sum(map(len, dense_parts()))) and not present():
+                    return (*previous.chain, *_links(picked, store))
+            del prev, picked  # before the base is rebuilt: memory holds one old value
+    if not present():
+        rebased = _on_base(new, dtype, store, plugin, previous, dense_parts, name, shape)
+        if rebased is not None and not present():
+            return (rebased[0], *_links(rebased[1], store))
+    if previous is not None and plugin.key not in ("auto", "dense") and not present():
         fell_back.append((name, plugin.key))  # asked for, not used: the filter says so
     # A fresh value: stream it to the store unless it was encoded for a comparison.
     parts_in = memo[0] if memo else dense.stream(new, dtype)
     return (Link("dense", dense.codec, store.put(parts_in)),)
+
+
+def _stored(parts: list[bytes], store: ObjectStore) -> bool:
+    """Whether the object of ``parts`` is in ``store``."""
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part)
+    return store.has(ObjectRef(digest.hexdigest(), sum(map(len, parts))))
 
 
 REBASE_MAX = 64 << 20  # larger tensors are not tried against their base (memory)
@@ -104,9 +155,9 @@ def _on_base(
     dense_parts: Callable[[], list[bytes]],
     name: str,
     shape: tuple[int, ...],
-) -> tuple[Link, ...] | None:
-    """The chain (dense base, one update against the base's value) when such an update is
-    smaller than a fresh dense value; None otherwise. Tried when the chain cannot grow:
+) -> tuple[Link, Picked] | None:
+    """The chain's dense base and one update against its value (to store) when such an
+    update is smaller than a fresh dense value; None otherwise. Tried when the chain cannot grow:
     a full fine-tune's updates add up past a fresh value after two saves, and a fresh
     value every other save cost 0.83x of raw where a change against the base costs ~0.6x.
     The base decodes to exact bytes (its object is sha256-checked), so the update applies
@@ -129,11 +180,15 @@ def _on_base(
         return None  # not local, or damaged: a fresh value
     if len(value) != len(new):
         return None
-    key, parts = plugin.pick(new, value, dtype, dense_parts, base.ref.size, name, shape)
+    picked = plugin.pick_linked(new, value, dtype, dense_parts, base.ref.size, name, shape)
     del value
-    if parts is None or key == "dense" or sum(map(len, parts)) >= sum(map(len, dense_parts())):
+    if (
+        picked.parts is None
+        or picked.key == "dense"
+        or picked.size() >= sum(map(len, dense_parts()))
+    ):
         return None
-    return (base, Link(key, UPDATES.get(key).codec, store.put(parts)))
+    return base, picked
 
 
 # (tensor, update type) of each changed tensor whose explicitly asked-for update type
@@ -142,12 +197,18 @@ def _on_base(
 fell_back: list[tuple[str, str]] = []
 
 
-def _plugin(link: Link) -> UpdateType:
-    """The update type that reads ``link``; raises when it is unknown or the link records
+def plugin_for(link: Link) -> UpdateType:
+    """The update type that reads ``link`` (operand links too, whose type is no choice a
+    user has, so not among UPDATES); raises when it is unknown or the link records
     another codec than the one that type writes."""
     from git_theta.updates import UPDATES
 
-    plugin = UPDATES.get(link.update)
+    if link.update == OPERAND_UPDATE:
+        from git_theta.updates.operand import FactorOperand
+
+        plugin: UpdateType = FactorOperand()
+    else:
+        plugin = UPDATES.get(link.update)
     if link.codec != plugin.codec:
         raise ObjectCorruptError(
             f"object {link.ref.oid} is recorded with codec {quote(link.codec)}, but "
@@ -184,15 +245,44 @@ def rebuild(
     and the object when anything is missing or wrong.
     """
     cap, exact = _cap(entry, limit)
-    value: bytearray | None = None
-    for link in entry.chain:
+    value = apply_links(None, entry.chain, entry.dtype, store, cap, exact, name)
+    if content_hash(value) != entry.hash:
+        raise ObjectCorruptError(
+            f"tensor {quote(name)}: rebuilt bytes do not match the recorded hash "
+            f"(object {entry.chain[-1].ref.oid})"
+        )
+    return value
+
+
+def apply_links(
+    value: bytearray | None,
+    links: tuple[Link, ...],
+    dtype: str,
+    store: ObjectStore,
+    cap: int,
+    exact: bool = False,
+    name: str = "",
+) -> bytearray:
+    """Return ``value`` (None before a chain's base) with ``links`` applied in order: the
+    one fold of a chain (rebuild, diffs, merges). Operand links are collected and given
+    to the link after them. Each value is at most ``cap`` bytes (exactly, when
+    ``exact``). Raises a ThetaError naming tensor ``name`` and the object: for a link
+    that cannot apply, or operand links no update takes (before one taking none, or at
+    the end; a chain is written that way only by hand).
+    """
+    operands: list[ObjectBytes] = []
+    for link in links:
         try:
-            plugin = _plugin(link)
+            plugin = plugin_for(link)
         except ThetaError as exc:
             _in_tensor(exc, name)
             raise
         try:
-            value = plugin.apply(value, store.get(link.ref), entry.dtype, limit=cap)
+            if plugin.is_operand:
+                operands.append(store.get(link.ref))
+                continue
+            value = plugin.apply_with(value, store.get(link.ref), operands, dtype, limit=cap)
+            operands = []
             if len(value) > cap or (exact and len(value) != cap):
                 raise ObjectCorruptError(
                     f"object {link.ref.oid} gives {len(value):,} bytes; the manifest expects "
@@ -201,12 +291,14 @@ def rebuild(
         except ThetaError as exc:
             _in_tensor(exc, name, link)
             raise
-    assert value is not None  # a checked manifest has no empty chain
-    if content_hash(value) != entry.hash:
-        raise ObjectCorruptError(
-            f"tensor {quote(name)}: rebuilt bytes do not match the recorded hash "
-            f"(object {entry.chain[-1].ref.oid})"
+    if operands or value is None:
+        from git_theta.updates.base import factor_objects
+
+        left = ObjectCorruptError(
+            f"the chain ends with {factor_objects(len(operands))} no update takes"
         )
+        _in_tensor(left, name, links[-1] if links else None)
+        raise left
     return value
 
 
@@ -243,7 +335,7 @@ def stream(
     content = blake3.blake3()
     total = 0
     try:
-        _plugin(link)
+        plugin_for(link)
     except ThetaError as exc:
         _in_tensor(exc, name)
         raise

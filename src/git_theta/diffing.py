@@ -23,7 +23,14 @@ from git_theta.errors import CheckpointError, ThetaError
 from git_theta.files import open_regular
 from git_theta.formats import detect, file_spans, header_spans
 from git_theta.formats.base import SNIFF_MAX
-from git_theta.manifest import Link, Manifest, TensorEntry, tensor_nbytes
+from git_theta.manifest import (
+    MAX_TENSOR_BYTES,
+    OPERAND_UPDATE,
+    Link,
+    Manifest,
+    TensorEntry,
+    tensor_nbytes,
+)
 from git_theta.parallel import ordered_map
 from git_theta.store import ObjectStore
 
@@ -251,7 +258,7 @@ def from_manifest(manifest: Manifest | None, store: ObjectStore) -> dict[str, Te
             entry.dtype,
             entry.shape,
             entry.hash,
-            "+".join(link.update for link in entry.chain),
+            "+".join(ln.update for ln in entry.chain if ln.update != OPERAND_UPDATE),
             frozenset((link.ref.oid, link.ref.size) for link in entry.chain),
             load if present else None,
             entry.chain,
@@ -312,13 +319,15 @@ def _update_summary(old: TensorSide, new: TensorSide) -> str:
     """What the stored update itself says, when ``new`` is ``old`` plus one update."""
     from git_theta.updates import UPDATES
 
-    if new.store is None or not old.links or new.links[:-1] != old.links:
+    cut = chains.last_step(new.links) if new.links else 0
+    if new.store is None or not old.links or new.links[:cut] != old.links:
         return ""
-    link = new.links[-1]
-    if not new.store.has(link.ref):
+    link, store = new.links[-1], new.store
+    if not all(store.has(ln.ref) for ln in new.links[cut:]):
         return ""
     try:
-        return UPDATES.get(link.update).summary(new.store.get(link.ref), new.limit)
+        operands = [store.get(ln.ref) for ln in new.links[cut:-1]]  # factors it takes
+        return UPDATES.get(link.update).summary_with(store.get(link.ref), operands, new.limit)
     except ThetaError:
         return ""
 
@@ -327,14 +336,12 @@ def _apply_last(old: TensorSide, new: TensorSide, a: bytes | bytearray) -> bytea
     """``new`` when it is ``old`` plus one stored update: that update applied to ``a``
     (old's bytes, in hand), rather than rebuilding new's whole chain again. None when
     ``new`` is not stored that way."""
-    from git_theta.updates import UPDATES
-
-    if new.store is None or not old.links or new.links[:-1] != old.links:
+    cut = chains.last_step(new.links) if new.links else 0
+    if new.store is None or not old.links or new.links[:cut] != old.links:
         return None
-    link = new.links[-1]
+    cap = new.limit if new.limit is not None else MAX_TENSOR_BYTES
     try:
-        payload = new.store.get(link.ref)
-        value = UPDATES.get(link.update).apply(bytearray(a), payload, new.dtype, new.limit)
+        value = chains.apply_links(bytearray(a), new.links[cut:], new.dtype, new.store, cap)
     except ThetaError:
         return None  # rebuild it the long way, which names what is wrong
     return value if content_hash(value) == new.hash else None

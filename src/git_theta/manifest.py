@@ -27,7 +27,13 @@ from git_theta.dtypes import BLOCKS, DTYPES, expected_nbytes
 from git_theta.errors import ManifestError
 from git_theta.store import ObjectRef
 
-VERSION = 1
+# 3: chains may hold operand links (update type OPERAND_UPDATE, a factor an update
+# after it consumes), which a reader of version 1 would misread. A manifest without them
+# is still written as version 1, byte for byte as before. 2 is never written: the golden
+# fixtures (append-only) pin a version-2 manifest as one from a newer git-theta.
+VERSION = 3
+_NEVER_WRITTEN = 2
+OPERAND_UPDATE = "factor"
 PREFIX = b'{\n "git-theta": '
 
 # Caps on what a manifest may hold. A manifest of 100,000 tensors with one link each is
@@ -107,7 +113,7 @@ class Manifest(NamedTuple):
         d = json.dumps
         lines = [
             "{",
-            f' "git-theta": {VERSION},',
+            f' "git-theta": {_version_of(self)},',
             f' "format": {d(self.format)},',
             f' "size": {self.size},',
             f' "glue": {d(_glue_dict(self.glue))},',
@@ -130,6 +136,12 @@ class Manifest(NamedTuple):
                 f"the {MAX_BYTES:,} git-theta reads ({len(self.tensors):,} tensors)"
             )
         return data
+
+
+def _version_of(m: Manifest) -> int:
+    """The oldest manifest version that can hold ``m``."""
+    linked = any(ln.update == OPERAND_UPDATE for e in m.tensors.values() for ln in e.chain)
+    return VERSION if linked else 1
 
 
 def is_manifest(data: bytes) -> bool:
@@ -208,14 +220,23 @@ def _parse(data: bytes) -> Manifest:
     version = raw["git-theta"]
     if type(version) is not int or version < 1:
         raise ManifestError(f"invalid manifest: version {_show(version)} is not a version")
-    if version > VERSION:
+    if _unknown(version):
         raise _newer(version)
     try:
         manifest = _build(raw)
         _check(manifest)
     except _Invalid as exc:
         raise ManifestError(f"invalid manifest: {exc}") from None
+    if version < _version_of(manifest):  # it would not be written back the same
+        raise ManifestError(
+            f"invalid manifest: version {version} cannot hold {OPERAND_UPDATE} links"
+        )
     return manifest
+
+
+def _unknown(version: int) -> bool:
+    """Whether manifest ``version`` (1 or more) is one a newer git-theta writes."""
+    return version > VERSION or version == _NEVER_WRITTEN
 
 
 def _newer(version: int) -> ManifestError:
@@ -229,7 +250,7 @@ def _refuse_newer(data: bytes) -> None:
     hold fields this version does not know)."""
     if data.startswith(PREFIX):
         found = _VERSION_AFTER_PREFIX.match(data, len(PREFIX))
-        if found is not None and int(found.group(1)) > VERSION:
+        if found is not None and _unknown(int(found.group(1))):
             raise _newer(int(found.group(1)))
 
 

@@ -11,6 +11,11 @@ from git_theta.updates.layout import itemsize
 
 SPARSE_MAX = 0.5  # above this fraction of changed elements sparse cannot win
 DELTA_MIN = 0.01  # below it sparse always beats delta (measured on MiniLM), so skip it
+# PEFT's factor tensors are stored whole, never as a change on their previous version:
+# a low-rank or ia3 link stores its factors as dense objects of their bytes, so the
+# committed adapter file shares those objects only while its tensors are dense too. They
+# are small (rank x width), and a fresh adapter's change is rarely sparse anyway.
+PEFT_FACTORS = (".lora_A.", ".lora_B.", ".lora_embedding_A", ".lora_embedding_B", ".ia3_l")
 
 
 def _size(parts: list[bytes]) -> int:
@@ -31,7 +36,7 @@ class Auto(UpdateType):
         name: str = "",
         shape: tuple[int, ...] = (),
     ) -> tuple[str, list[bytes] | None]:
-        if prev is None or len(prev) != len(new):
+        if prev is None or len(prev) != len(new) or any(p in name for p in PEFT_FACTORS):
             return "dense", dense()
         from git_theta.updates.delta import Delta
         from git_theta.updates.sparse import Sparse, _elements

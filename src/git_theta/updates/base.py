@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from typing import ClassVar
+from collections.abc import Callable, Sequence
+from typing import ClassVar, NamedTuple
 
-from git_theta.errors import UsageError
+from git_theta.errors import ObjectCorruptError, UsageError
 from git_theta.store import ObjectBytes
 
 Buffer = bytes | bytearray | memoryview
@@ -19,6 +19,30 @@ Payload = ObjectBytes  # a stored update: bytes, or a read-only mapping of its o
 CLEAR_WIN = 0.85
 
 
+def factor_objects(count: int) -> str:
+    """``count`` factor objects, in words ("1 factor object", "2 factor objects")."""
+    return f"{count} factor object{'' if count == 1 else 's'}"
+
+
+class Picked(NamedTuple):
+    """What an update type chose to store for one tensor (see ``pick_linked``).
+
+    ``operands``: objects stored as links of their own right before the update's link
+    (update type ``factor``): each the dense object of one factor tensor, so a file
+    holding the same tensor (a committed adapter) stores the same object. They are
+    returned, not kept on the plugin: values are encoded in parallel threads.
+    """
+
+    key: str
+    parts: list[bytes] | None
+    operands: tuple[list[bytes], ...] = ()
+
+    def size(self) -> int:
+        """The bytes this adds to the store at most: the payload and its operands."""
+        own = sum(map(len, self.parts)) if self.parts is not None else 0
+        return own + sum(len(p) for parts in self.operands for p in parts)
+
+
 class UpdateType(ABC):
     """Stores a tensor's new value as a payload relative to its previous value.
 
@@ -28,6 +52,9 @@ class UpdateType(ABC):
     key: ClassVar[str]
     codec: ClassVar[str]  # recorded in the manifest next to the object
     needs_previous: ClassVar[bool] = True
+    # An operand link holds an input of the next link (``apply_with``), not a value.
+    is_operand: ClassVar[bool] = False
+    takes_operands: ClassVar[bool] = False
 
     @abstractmethod
     def encode(self, new: Buffer, prev: Buffer | None, dtype: str) -> list[bytes] | None:
@@ -52,6 +79,23 @@ class UpdateType(ABC):
         """
         return self.key, self.encode(new, prev, dtype)
 
+    def pick_linked(
+        self,
+        new: Buffer,
+        prev: Buffer | None,
+        dtype: str,
+        dense: Callable[[], list[bytes]],
+        dense_estimate: int | None = None,
+        name: str = "",
+        shape: tuple[int, ...] = (),
+    ) -> Picked:
+        """As ``pick``, for storing: the payload may leave inputs to operand objects
+        (``Picked.operands``), which ``apply_with`` then receives. ``pick`` returns a
+        payload holding everything (what ``apply`` reads); a type with no operands needs
+        only that."""
+        key, parts = self.pick(new, prev, dtype, dense, dense_estimate, name, shape)
+        return Picked(key, parts)
+
     def with_inputs(self, path: str) -> UpdateType:
         """Return this type reading its per-tensor inputs (factors, scales) from ``path``.
 
@@ -63,6 +107,30 @@ class UpdateType(ABC):
         """One line on what a stored update says about the change (for diffs), if any
         (nothing for a payload it cannot read; ``limit`` as for ``apply``)."""
         return ""
+
+    def summary_with(
+        self, payload: Payload, operands: Sequence[Payload], limit: int | None = None
+    ) -> str:
+        """``summary`` of a payload stored after operand links (their objects, in order)."""
+        return self.summary(payload, limit) if not operands else ""
+
+    def apply_with(
+        self,
+        prev: bytearray | None,
+        payload: Payload,
+        operands: Sequence[Payload],
+        dtype: str,
+        limit: int | None = None,
+    ) -> bytearray:
+        """``apply``, given the objects of the operand links stored right before this
+        link, in order (empty for a payload without). Raises ObjectCorruptError when
+        they are not what the payload declares (a type taking none refuses any)."""
+        if operands:
+            raise ObjectCorruptError(
+                f"{factor_objects(len(operands))} {'precede' if len(operands) > 1 else 'precedes'}"
+                f" a {self.key} update, which takes none"
+            )
+        return self.apply(prev, payload, dtype, limit)
 
     @abstractmethod
     def apply(

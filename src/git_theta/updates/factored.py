@@ -25,8 +25,9 @@ from git_theta import codec, kernels
 from git_theta.display import escape
 from git_theta.dtypes import FLOAT_KINDS, lookup
 from git_theta.errors import ObjectCorruptError, UsageError
-from git_theta.updates.base import Buffer, Payload, UpdateType
+from git_theta.updates.base import Buffer, Payload, Picked, UpdateType, factor_objects
 from git_theta.updates.delta import _UNSIGNED, _size, _unzigzag, _zigzag
+from git_theta.updates.dense import Dense
 from git_theta.updates.layout import layout_for
 
 if TYPE_CHECKING:  # NumPy loads when needed: a checkout through the C kernel never does
@@ -391,6 +392,7 @@ class Factored(UpdateType):
 
     codec = "gtfx1"
     kind = ""
+    takes_operands = True
 
     def __init__(
         self,
@@ -427,10 +429,40 @@ class Factored(UpdateType):
         name: str = "",
         shape: tuple[int, ...] = (),
     ) -> tuple[str, list[bytes] | None]:
+        # The factors inside the payload (how objects were first written, and what
+        # ``apply`` reads without a chain).
+        picked = self._pick(new, prev, dtype, dense, dense_estimate, name, shape, False)
+        return picked.key, picked.parts
+
+    def pick_linked(
+        self,
+        new: Buffer,
+        prev: Buffer | None,
+        dtype: str,
+        dense: Callable[[], list[bytes]],
+        dense_estimate: int | None = None,
+        name: str = "",
+        shape: tuple[int, ...] = (),
+    ) -> Picked:
+        # Each factor an operand object: the dense object of its bytes, which the adapter
+        # file the factors come from stores too when it is committed (one object for both).
+        return self._pick(new, prev, dtype, dense, dense_estimate, name, shape, True)
+
+    def _pick(
+        self,
+        new: Buffer,
+        prev: Buffer | None,
+        dtype: str,
+        dense: Callable[[], list[bytes]],
+        dense_estimate: int | None,
+        name: str,
+        shape: tuple[int, ...],
+        linked: bool,
+    ) -> Picked:
         from git_theta.updates.auto import Auto
 
-        def as_auto() -> tuple[str, list[bytes] | None]:
-            return Auto().pick(new, prev, dtype, dense, dense_estimate, name, shape)
+        def as_auto() -> Picked:
+            return Picked(*Auto().pick(new, prev, dtype, dense, dense_estimate, name, shape))
 
         shown = escape(name)
         key, candidates = self._find(name)
@@ -461,16 +493,26 @@ class Factored(UpdateType):
         )
         size = _size(dtype)
         correction = codec.encode(_zigzag(new, guess, size).tobytes(), codec.Layout(size))
-        blobs = [b"".join(codec.encode(f.raw, layout_for(f.dtype))) for f in inputs.factors]
+        factors: list[dict[str, object]] = [
+            {"dtype": f.dtype, "shape": list(f.shape)} for f in inputs.factors
+        ]
+        blobs: list[bytes] = []
+        operands: tuple[list[bytes], ...] = ()
+        if linked:
+            dense_of = Dense()
+            operands = tuple(dense_of.encode(f.raw, None, f.dtype) for f in inputs.factors)
+        else:
+            blobs = [b"".join(codec.encode(f.raw, layout_for(f.dtype))) for f in inputs.factors]
+            for f, blob in zip(factors, blobs, strict=True):
+                f["size"] = len(blob)
         header: dict[str, object] = {
             "kind": self.kind,
             "scale": inputs.scale,
-            "factors": [
-                {"dtype": f.dtype, "shape": list(f.shape), "size": len(blob)}
-                for f, blob in zip(inputs.factors, blobs, strict=True)
-            ],
+            "factors": factors,
             "shape": list(shape),
         }
+        if linked:
+            header["linked"] = True
         # Written only when not the default: objects of the first definition keep their bytes.
         if inputs.transpose:
             header["transpose"] = True
@@ -479,11 +521,17 @@ class Factored(UpdateType):
         if inputs.rounding != "f64":
             header["rounding"] = inputs.rounding
         text = json.dumps(header, sort_keys=True).encode()
-        return self.key, [MAGIC, _LEN.pack(len(text)), text, *blobs, *correction]
+        parts = [MAGIC, _LEN.pack(len(text)), text, *blobs, *correction]
+        return Picked(self.key, parts, operands)
 
     def summary(self, payload: Payload, limit: int | None = None) -> str:
+        return self.summary_with(payload, (), limit)
+
+    def summary_with(
+        self, payload: Payload, operands: Sequence[Payload], limit: int | None = None
+    ) -> str:
         try:
-            inputs, _, _ = _read_payload(payload, self.kind, limit)
+            inputs, _, _ = _read_payload(payload, self.kind, limit, operands)
         except ObjectCorruptError:
             return ""
         return _summary(inputs)
@@ -491,9 +539,19 @@ class Factored(UpdateType):
     def apply(
         self, prev: bytearray | None, payload: Payload, dtype: str, limit: int | None = None
     ) -> bytearray:
+        return self.apply_with(prev, payload, (), dtype, limit)
+
+    def apply_with(
+        self,
+        prev: bytearray | None,
+        payload: Payload,
+        operands: Sequence[Payload],
+        dtype: str,
+        limit: int | None = None,
+    ) -> bytearray:
         if prev is None:
             raise ObjectCorruptError(f"a {self.kind} update needs a previous value")
-        inputs, shape, pos = _read_payload(payload, self.kind, len(prev))
+        inputs, shape, pos = _read_payload(payload, self.kind, len(prev), operands)
         if dtype not in FLOATS or math.prod(shape) * _size(dtype) != len(prev):
             raise ObjectCorruptError(f"{self.kind} update does not fit the previous value")
         guess = reproduce(prev, dtype, shape, inputs)
@@ -607,10 +665,12 @@ _MAX_RANK = 1024
 
 
 def _read_payload(
-    payload: Payload, kind: str, limit: int | None
+    payload: Payload, kind: str, limit: int | None, operands: Sequence[Payload] = ()
 ) -> tuple[Inputs, tuple[int, ...], int]:
     """Return (factors, the tensor's shape, where the correction starts) of a payload for
     a value of at most ``limit`` bytes; every length is checked before it is decoded.
+    A payload whose header says ``linked`` has no factors inside: they are ``operands``
+    (the objects of the operand links before it, in order), one per declared factor.
 
     Raises ObjectCorruptError when the payload is malformed or does not fit.
     """
@@ -633,8 +693,10 @@ def _read_payload(
     scale, found = header.get("scale"), header.get("factors")
     transpose, broadcast = header.get("transpose", False), header.get("broadcast", False)
     rounding = header.get("rounding", "f64")
+    linked = header.get("linked", False)
     if (
-        not shape
+        type(linked) is not bool
+        or not shape
         or not isinstance(scale, int | float)
         or not isinstance(found, list)
         or type(transpose) is not bool
@@ -656,22 +718,31 @@ def _read_payload(
         known, f_shape, size = lookup(f.get("dtype", "")), _dims(f.get("shape")), f.get("size")
         if known is None or known.bits % 8 or known.name in ("C64", "C128"):
             raise corrupt("a factor has a dtype factors cannot have")
-        if type(size) is not int or size < 0:
+        if (type(size) is not int or size < 0) if not linked else "size" in f:
             raise corrupt("a factor is malformed")
         factors.append((known, f_shape, size))
     fits = matrix_shape(kind, [f[1] for f in factors], shape, transpose, broadcast)
     if fits is None or (not broadcast and kind == "ia3" and len(shape) != 2):
         raise corrupt("its factors do not fit the tensor")
+    if len(operands) != (len(factors) if linked else 0):
+        verb = "precedes" if len(operands) == 1 else "precede"
+        raise corrupt(
+            f"it takes {factor_objects(len(factors) if linked else 0)}, but {len(operands)} "
+            f"{verb} it"
+        )
     out = []
-    for known, f_shape, size in factors:
-        if pos + size > len(payload):
-            raise corrupt("it is truncated")
-        nbytes = known.nbytes(f_shape)
-        raw = codec.decode(memoryview(payload)[pos : pos + size], limit=nbytes)
+    for i, (known, f_shape, size) in enumerate(factors):
+        nbytes = known.nbytes(f_shape)  # the decode's cap, whoever holds the factor
+        if linked:
+            raw = codec.decode(operands[i], limit=nbytes)
+        else:
+            if pos + size > len(payload):
+                raise corrupt("it is truncated")
+            raw = codec.decode(memoryview(payload)[pos : pos + size], limit=nbytes)
+            pos += size
         if len(raw) != nbytes:
             raise corrupt("a factor has the wrong length")
         out.append(Factor(known.name, f_shape, bytes(raw)))
-        pos += size
     return Inputs(kind, tuple(out), factor_scale, transpose, broadcast, rounding), shape, pos
 
 
