@@ -239,7 +239,7 @@ def _clean_spans(
         # about two values): a committed chain may give the right bytes through sixteen
         # full values, and every checkout of the user's commit would decode them all.
         stored = sum(link.ref.size for link in chain)
-        return len(chain) <= chains.MAX_CHAIN and stored <= 2 * size + 4096 * len(chain)
+        return chains.steps(chain) <= chains.MAX_CHAIN and stored <= 2 * size + 4096 * len(chain)
 
     # -- verified.py: a chain not written here is reused only once seen to rebuild ------
     def rebuilds(name: str, entry: TensorEntry, size: int) -> bool:
