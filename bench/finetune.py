@@ -15,7 +15,10 @@ plain Git LFS repository. The same trajectory is saved several ways:
 For each version: bytes each tool added to ``.git/lfs``, and for the fine-tunes an
 estimate of the information in the change: the order-0 empirical entropy of each byte
 plane of XOR(new, old) bit patterns, summed over tensors (what a coder that sees each
-changed bit pattern independently would need).
+changed bit pattern independently would need). A last table shows where a full
+fine-tune's bytes go: per byte plane of the delta against the first save, its coded
+size (with and without grouping by the old exponent), its order-0 entropy and its
+entropy given the old value's exponent or the plane above.
 
 Usage: HF_HUB_OFFLINE=1 python bench/finetune.py [--out FILE] [--steps 3] [--saves 4]
        [--layers 6] [--width 384] [--keep]
@@ -164,6 +167,71 @@ def xor_entropy_bytes(old: State, new: State) -> float:
     return total
 
 
+def _entropy(plane: np.ndarray, context: np.ndarray | None = None) -> float:
+    """Bytes an order-0 coder needs for ``plane`` (uint8), or, given ``context`` (ints
+    >= 0, one per byte), for each group of equal context on its own: the empirical
+    conditional entropy."""
+    key = plane.astype(np.int64) if context is None else context * 256 + plane
+    counts = np.bincount(key)
+    counts = np.pad(counts, (0, -len(counts) % 256)).reshape(-1, 256)
+    n = counts.sum(axis=1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = np.where(counts > 0, counts / np.maximum(n, 1), 1.0)
+    return float(-(counts * np.log2(p)).sum()) / 8
+
+
+def plane_report(states: list[State]) -> list[str]:
+    """Per byte plane of the zigzag delta of every fine-tuned save against the first
+    save (what the chains store for a full fine-tune): its raw size, coded size now and
+    with grouping off, order-0 entropy, entropy given the old value's exponent (what
+    grouping exploits) and given the plane above; summed over tensors, in MB."""
+    from git_theta import codec
+
+    mb = bench.MB
+    rows = []
+    for i, state in enumerate(states[1:], 1):
+        sums = np.zeros((4, 6))
+        for name, value in state.items():
+            old = states[0][name].contiguous().view(-1).numpy()
+            new = value.contiguous().view(-1).numpy()
+            if old.dtype != np.float32 or old.shape != new.shape:
+                continue
+            a, b = old.view("<u4"), new.view("<u4")
+            d = (b - a).view("<i4")
+            z = ((d << 1) ^ (d >> 31)).view("<u4")
+            planes = z.view(np.uint8).reshape(-1, 4)
+            exponent = ((a >> 23) & 0xFF).astype(np.int64)
+            coded = [_plane_sizes(codec.encode(z.tobytes(), codec.Layout(4), context=ctx))
+                     for ctx in (a.tobytes(), None)]  # fmt: skip
+            for k in range(4):  # k = 0: the most significant byte
+                plane = planes[:, 3 - k]
+                h0 = _entropy(plane)
+                above = _entropy(plane, planes[:, 4 - k].astype(np.int64)) if k else h0
+                sums[k] += [len(plane), coded[0][k], coded[1][k], h0,
+                            _entropy(plane, exponent), above]  # fmt: skip
+        for k in range(4):
+            r = sums[k]
+            rows.append([f"v{i}", f"byte {3 - k}", *(f"{x / mb:.2f}" for x in r)])
+    head = ("version|plane (3 = top)|raw MB|coded MB|coded, not grouped|order-0 entropy|"
+            "given old exponent|given plane above")  # fmt: skip
+    return ["Where a full fine-tune's bytes go (delta against the first save, per plane):", "",
+            *bench.table(head, rows)]  # fmt: skip
+
+
+def _plane_sizes(parts: list[bytes]) -> list[int]:
+    """Payload bytes of each plane (most significant first), summed over chunks."""
+    from git_theta import codec
+
+    obj = b"".join(parts)
+    sizes, pos, k = [0, 0, 0, 0], codec._HEAD.size, 0
+    while pos < len(obj):
+        _, n = codec._PLANE.unpack_from(obj, pos)
+        sizes[k % 4] += n
+        pos += codec._PLANE.size + n
+        k += 1
+    return sizes
+
+
 def run_kind(
     kind: str, states: list[State], work: Path, env: bench.Env, args: argparse.Namespace
 ) -> list[dict[str, float]]:
@@ -262,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shard-mb", type=int, default=12)
     ap.add_argument("--only", action="append", help="run only this save kind (repeatable)")
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--no-planes", dest="planes", action="store_false",
+                    help="leave out the per-plane table of a full fine-tune's bytes")  # fmt: skip
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="theta-finetune-"))
     try:
@@ -277,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
             results["one layer"] = run_kind("one layer", train(args, frozen=True),
                                             work / "repos", env, args)  # fmt: skip
         text = report(results, args)
+        if args.planes:
+            text += "\n" + "\n".join(plane_report(full))
         print(text)
         if args.out:
             args.out.write_text(text + "\n")
