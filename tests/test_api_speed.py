@@ -57,3 +57,34 @@ def test_save_reads_no_tensor_into_a_buffer_of_its_own(
     (repo / "model.safetensors").unlink(missing_ok=True)
     git(repo, "checkout", "--", "model.safetensors")
     assert sha256(repo / "model.safetensors") == sha256(repo / "ref.safetensors")
+
+
+@pytest.mark.parametrize("name", ["model.pt", "weights.npz"])
+def test_a_zip_format_save_spools_its_bytes_once(
+    repo: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """torch.save and numpy.savez write a zip (its index at the end), serialised into one
+    temporary file; clean used to copy all of it into a second one to seek in."""
+    import tempfile
+
+    from git_theta.commands.cli import main
+
+    assert main(["track", "*.pt", "*.npz"]) == 0
+    made: list[object] = []
+    temporary_file = tempfile.TemporaryFile
+
+    def counting(*args: object, **kwargs: object) -> object:
+        made.append(args)
+        return temporary_file(*args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", counting)
+    state = _state(1)
+    if name.endswith(".pt"):
+        import torch
+
+        git_theta.save({k: torch.from_numpy(v) for k, v in state.items()}, name, message="v")
+    else:
+        git_theta.save(state, name, message="v")
+    assert len(made) == 1
+    with git_theta.open("HEAD", name) as ckpt:
+        assert all(np.array_equal(np.asarray(ckpt[k]), v) for k, v in state.items())

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterator
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, BinaryIO, cast
 
 from git_theta import chains, codec, kernels, lfs_pointer
 from git_theta.content import content_hash
@@ -144,7 +144,17 @@ def clean(
     fmt = detect(head, path)
     if fmt.needs_seek:
         # An index at the end (zip): spool to a temporary file, find the spans there, then
-        # read it front to back like any other file.
+        # read it front to back like any other file. A source that is such a file already
+        # (the API's save of .pt and .npz) is used as it is: no second copy of every byte.
+        spooled = getattr(source, "spooled", None)
+        whole: BinaryIO | None = spooled() if spooled is not None else None
+        if whole is not None:
+            size = whole.seek(0, 2)
+            spans = file_spans(fmt, whole, size)  # checked: shapes, lengths, order
+            whole.seek(0)
+            reader = _Reader(b"", cast(Source, whole))
+            return _clean_spans(reader, bytearray(), spans, fmt.key, sink, path, store,
+                                previous, show_progress, update_for, known)  # fmt: skip
         import tempfile  # only here: 5 ms of imports (shutil, random) on every start
 
         with tempfile.TemporaryFile(dir=store.tmp_dir()) as spool:

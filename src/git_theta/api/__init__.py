@@ -129,7 +129,7 @@ def _save_stream(
             spool = stack.enter_context(tempfile.TemporaryFile(dir=theta.store.tmp_dir()))
             _writers.serialise(state_dict, fmt, spool)
             spool.seek(0)
-            source = _writers.FileSource(spool, out)
+            source = _writers.FileSource(spool, out, private=True)
         manifest = _stage.clean_to_manifest(theta, where, source, update_for)
         return _stage.stage_manifest(where, manifest)
 

@@ -121,9 +121,17 @@ class PartsSource:
 class FileSource:
     """clean's ``Source`` over an open file, optionally teed."""
 
-    def __init__(self, fh: IO[bytes], tee: IO[bytes] | None = None):
+    def __init__(self, fh: IO[bytes], tee: IO[bytes] | None = None, private: bool = False):
+        """``private``: ``fh`` is our own temporary file, which nobody else can change."""
         self._fh = fh
         self._tee = tee
+        self._private = private
+
+    def spooled(self) -> IO[bytes] | None:
+        """The open file itself, for a reader that must seek (a zip's index is at its
+        end): when it is private and nothing is teed, its whole content, from byte 0, is
+        this stream; else None (the reader spools what it reads)."""
+        return self._fh if self._private and self._tee is None else None
 
     def readinto(self, out: memoryview) -> int:
         got = self._fh.readinto(out)  # type: ignore[attr-defined]
