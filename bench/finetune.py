@@ -191,7 +191,11 @@ def plane_report(states: list[State]) -> list[str]:
     rows = []
     for i, state in enumerate(states[1:], 1):
         sums = np.zeros((4, 6))
+        seen: set[int] = set()
         for name, value in state.items():
+            if value.data_ptr() in seen:  # a tied weight (lm_head is wte): saved once
+                continue
+            seen.add(value.data_ptr())
             old = states[0][name].contiguous().view(-1).numpy()
             new = value.contiguous().view(-1).numpy()
             if old.dtype != np.float32 or old.shape != new.shape:
