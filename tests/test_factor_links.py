@@ -338,3 +338,36 @@ def test_auto_stores_peft_factor_tensors_whole() -> None:
     ):
         got, _ = auto.pick(new.tobytes(), prev.tobytes(), "F32", encode, None, name, (512,))
         assert got == key, name
+
+
+def test_a_second_adapter_version_is_stored_on_the_base(tmp_path: Path) -> None:
+    """Each adapter version's factors describe the change from the base model: stored on
+    the first version's merge they leave a correction of most of the tensor (still just
+    under a fresh dense value), on the base almost nothing."""
+    from git_theta.content import content_hash
+
+    rng = np.random.default_rng(2)
+    base = (rng.standard_normal((256, 256)) * 0.02).astype("<f4").tobytes()
+
+    def lora(seed: int) -> Inputs:
+        r = np.random.default_rng(seed)
+        b = (r.standard_normal((256, 8)) * 0.001).astype("<f4").tobytes()
+        a = (r.standard_normal((8, 256)) * 0.1).astype("<f4").tobytes()
+        return Inputs("low-rank", (Factor("F32", (256, 8), b), Factor("F32", (8, 256), a)), 2.0)
+
+    store = ObjectStore(tmp_path / "lfs")
+    entry = TensorEntry(
+        "F32", (256, 256), content_hash(base), chains.store_value(base, "F32", store)
+    )
+    value = base
+    for seed in (1, 2):
+        new = reproduce(base, "F32", (256, 256), lora(seed))
+        assert new is not None
+        chain = chains.store_value(
+            new, "F32", store, LowRank({"w": lora(seed)}), entry,
+            lambda v=value: bytearray(v), name="w", shape=(256, 256),
+        )  # fmt: skip
+        entry, value = TensorEntry("F32", (256, 256), content_hash(new), chain), new
+        assert [ln.update for ln in chain] == ["dense", "factor", "factor", "low-rank"]
+        assert chain[-1].ref.size < 1024  # no correction to speak of
+        assert bytes(chains.rebuild("w", entry, store)) == new
