@@ -9,6 +9,7 @@ import select
 from pathlib import Path
 
 import numpy as np
+import pytest
 from conftest import git
 from st_files import st_from_arrays
 
@@ -77,3 +78,32 @@ def test_prompt_shows_both_sides_and_applies_an_answer_to_all_remaining(repo: Pa
     assert got["c"].tobytes() == theirs["c"].tobytes()
     assert got["d"].tobytes() == theirs["d"].tobytes()
     assert git(repo, "status", "--porcelain").stdout == b""
+
+
+def test_git_theta_merge_accepts_the_file_the_prompt_left(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # One tensor answered, one skipped: the file git leaves is the driver's result (c
+    # averaged, d ours), neither ours nor what the settings alone give. It is not the
+    # user's own work, so `git theta merge --strategy` resolves it instead of refusing.
+    from git_theta.commands.cli import main
+
+    base = arrays()
+    commit(repo, base, "base")
+    git(repo, "checkout", "-q", "-b", "left")
+    theirs = {**base, "c": base["c"] + np.float32(1), "d": base["d"] + np.float32(1)}
+    commit(repo, theirs, "left")
+    git(repo, "checkout", "-q", "main")
+    commit(repo, {**base, "c": base["c"] + np.float32(2), "d": base["d"] * np.float32(3)}, "r")
+    code, out = in_terminal(repo, ["git", "merge", "--no-edit", "left"], [b"average", b"skip"])
+    assert code == 1, out
+    assert "CONFLICT" in out
+    assert main(["merge", "--strategy", "theirs", M]) == 0, capsys.readouterr().err
+    from safetensors.numpy import load_file
+
+    got = load_file(str(repo / M))
+    for name, value in theirs.items():
+        assert got[name].tobytes() == value.tobytes(), name
+    assert git(repo, "status", "--porcelain").stdout == b"M  m.safetensors\n"
+    # Resolved: the driver's record of it is gone.
+    assert not list((repo / ".git" / "lfs" / "theta" / "driver-results").iterdir())

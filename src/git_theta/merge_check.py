@@ -46,10 +46,13 @@ def check_taken(
     others: Iterable[Manifest | None],
     store: ObjectStore,
     fetch: Callable[[Iterable[ObjectRef]], None] | None,
+    keep: bool = False,
 ) -> None:
     """Make sure every entry (and the header) ``merged`` takes whole from a side other
-    than ours is local and rebuilds to its hash within its size. Raises ThetaError
-    (ObjectMissingError, ObjectCorruptError...) naming the tensor and object."""
+    than ours is local and rebuilds to its hash within its size; with ``keep``, leave
+    each value rebuilt for the checkout that follows (merged_values), which would
+    otherwise decode it a second time. Raises ThetaError (ObjectMissingError,
+    ObjectCorruptError...) naming the tensor and object."""
     from git_theta import chains, codec
     from git_theta.display import quote
     from git_theta.errors import ObjectCorruptError
@@ -69,12 +72,21 @@ def check_taken(
     if glue_taken:
         read_glue(merged, store)  # raises unless it decodes to its hash and length
 
+    from git_theta import merged_values
+
     def rebuilds(name: str, entry: TensorEntry) -> bool:
+        size = tensor_nbytes(entry.dtype, entry.shape)
         if chains.streamable(entry):
-            for piece in chains.stream(name, entry, store, merged.size):
+            pieces: Iterable[bytes | bytearray | memoryview]
+            pieces = chains.stream(name, entry, store, merged.size)
+            if keep and size:
+                pieces = merged_values.keep_pieces(store, entry.hash, size, pieces)
+            for piece in pieces:
                 codec.recycle(piece)  # hashed as it passes; raises at the end if wrong
         else:
-            chains.rebuild(name, entry, store, limit=merged.size)
+            value = chains.rebuild(name, entry, store, limit=merged.size)
+            if keep and size == len(value):
+                merged_values.keep(store, entry.hash, memoryview(value))
         return True
 
     def check(name: str) -> None:

@@ -19,8 +19,11 @@ import threading
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator
+
     from git_theta.manifest import TensorEntry
     from git_theta.store import ObjectStore
+    from git_theta.updates.base import Buffer
 
 DIR = "merged"
 STALE = 600  # seconds
@@ -51,6 +54,59 @@ def keep(store: ObjectStore, hash_: str, data: memoryview) -> None:
         os.makedirs(folder, exist_ok=True)
         with AtomicWriter(os.path.join(folder, hash_)) as fh:
             fh.write(data)
+
+
+def keep_pieces(
+    store: ObjectStore, hash_: str, size: int, pieces: Iterable[Buffer]
+) -> Iterator[Buffer]:
+    """Yield ``pieces`` as they pass, writing each to the value left for ``hash_`` (a
+    value of ``size`` bytes): it is left only when every piece passed (the caller's
+    iterator checks the hash, raising at its end when wrong); otherwise nothing is."""
+    with _lock:
+        room = size <= _room[0]
+        if room:
+            _room[0] -= size
+    from git_theta.errors import ThetaError
+
+    writer = None
+    if room:
+        from git_theta.files import AtomicWriter
+
+        with contextlib.suppress(OSError, ThetaError):
+            os.makedirs(_dir(store), exist_ok=True)
+            writer = AtomicWriter(os.path.join(_dir(store), hash_))
+            fh = writer.__enter__()
+    done = False
+    try:
+        for piece in pieces:
+            if writer is not None:
+                try:
+                    fh.write(piece)
+                except OSError:
+                    writer.__exit__(_Abandoned, _Abandoned(), None)
+                    writer = None
+            yield piece
+        done = True
+    finally:
+        if writer is not None:
+            with contextlib.suppress(OSError, ThetaError):
+                if done:
+                    writer.__exit__(None, None, None)
+                else:
+                    writer.__exit__(_Abandoned, _Abandoned(), None)
+
+
+class _Abandoned(Exception):
+    """Given to the writer of a value that is not to be left: it removes its temporary."""
+
+
+def any_left(store: ObjectStore) -> bool:
+    """Whether any value is left (a checkout with none looks no further)."""
+    try:
+        with os.scandir(_dir(store)) as entries:
+            return any(True for _ in entries)
+    except OSError:
+        return False
 
 
 def take(store: ObjectStore, entry: TensorEntry, size: int) -> bytearray | None:

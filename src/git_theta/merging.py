@@ -752,7 +752,7 @@ def _run_first_passes(
     try:
         if pool is not None:
             tasks = [(n, pool.submit(fn, n)) for n in lane]
-        out = dict(zip(rest, ordered_map(fn, rest, weight), strict=True))
+        out = dict(zip(rest, ordered_map(fn, rest, weight, BUDGET), strict=True))
         for name, task in tasks:
             out[name] = task.result()
     finally:

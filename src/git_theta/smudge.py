@@ -245,13 +245,14 @@ def write_checkpoint(
             UPDATES.get(key)
 
     unrebuilt: set[str] = set()
+    from git_theta import merged_values
+
+    left = merged_values.any_left(store)  # by a merge: values it computed or checked
 
     def rebuild(name: str) -> bytearray | None:
         entry = manifest.tensors[name]
-        size = tensor_nbytes(entry.dtype, entry.shape) if entry.merge is not None else None
-        if size:  # a merge may have left the value it computed, hash-checked on use
-            from git_theta import merged_values
-
+        size = tensor_nbytes(entry.dtype, entry.shape) if left else None
+        if size:  # hash-checked on use
             kept = merged_values.take(store, entry, size)
             if kept is not None:
                 unrebuilt.add(name)  # its chain was not seen to rebuild it

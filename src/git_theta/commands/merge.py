@@ -189,7 +189,7 @@ def merge_driver(base: str, ours: str, theirs: str, path: str) -> int:
         from git_theta.merge_check import check_taken
 
         try:
-            check_taken(result.manifest, o, (b, t), repo.store, repo.downloader.fetch)
+            check_taken(result.manifest, o, (b, t), repo.store, repo.downloader.fetch, keep=True)
         except ThetaError as exc:
             # %A keeps ours: git checks that out, and no merge commit holds what cannot be.
             sys.stderr.write(
@@ -198,11 +198,19 @@ def merge_driver(base: str, ours: str, theirs: str, path: str) -> int:
                 "be pushed) and merge again\n"
             )
             return 1
+        from git_theta import driver_results
+        from git_theta.files import atomic_write
+
+        data = result.manifest.to_bytes()
+        atomic_write(ours, data)
+        # `git theta merge` then knows the conflicted file as this result (the prompt's
+        # answers included), not as the user's own work.
+        if result.conflicts:
+            driver_results.save(repo.store, top, path, data)
+        else:
+            driver_results.drop(repo.store, top, path)
     finally:
         repo.close()
-    from git_theta.files import atomic_write
-
-    atomic_write(ours, result.manifest.to_bytes())
     sys.stderr.write(_summary(path, result))
     if result.conflicts:
         sys.stderr.write(_conflict_message(path, result) + "\n")
@@ -339,9 +347,12 @@ def _refuse_changed(full: str, path: str, versions: dict[int, Manifest], repo: R
 
     if not os.path.lexists(full):
         return  # nothing there to lose
+    from git_theta import driver_results
+
     base, ours, theirs = versions.get(1), versions[2], versions[3]
-    for candidate in (ours, merge3(base, ours, theirs).manifest):
-        if file_matches(full, candidate, repo.store):
+    left = driver_results.load(repo.store, repo.cwd or ".", path)
+    for candidate in (ours, merge3(base, ours, theirs).manifest, left):
+        if candidate is not None and file_matches(full, candidate, repo.store):
             return
     from git_theta.merge_rules import load_rule
 
@@ -414,5 +425,8 @@ def _resolve(
     for stale in manual_paths(path):
         if os.path.isfile(os.path.join(top, stale)):
             os.unlink(os.path.join(top, stale))
+    from git_theta import driver_results
+
+    driver_results.drop(repo.store, top, path)
     sys.stderr.write(_summary(path, result))
     sys.stderr.write(f"git-theta: {escape(path)}: merged and staged\n")

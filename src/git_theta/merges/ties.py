@@ -42,6 +42,18 @@ def _task_magnitudes(blocks: Blocks, side: int) -> Iterator[tuple[int, np.ndarra
         yield start, np.abs(part, out=part)
 
 
+def _count(values: np.ndarray, test: np.ufunc, cut: np.floating) -> int:
+    """How many of ``values`` pass ``test(value, cut)``, a block at a time (a mask of the
+    whole tensor would be a quarter of it again)."""
+    return sum(
+        int(np.count_nonzero(test(values[i : i + _COUNT_BLOCK], cut)))
+        for i in range(0, values.size, _COUNT_BLOCK)
+    )
+
+
+_COUNT_BLOCK = 1 << 20
+
+
 def find_cut(blocks: Blocks, side: int, density: float, scratch: list[np.ndarray]) -> Cut | None:
     """Return the Cut keeping the ``max(1, int(density * n))`` largest magnitudes of task
     vector ``side`` (1 ours, 2 theirs); among equal magnitudes at the cut, the lowest
@@ -57,26 +69,22 @@ def find_cut(blocks: Blocks, side: int, density: float, scratch: list[np.ndarray
         scratch[0][start : start + magnitude.size] = magnitude
     scratch[0].partition(n - k)  # in place: only the k-th largest magnitude is needed
     cut = scratch[0][n - k]
-    # Second pass: how many lie above the cut, and where the equal ones are.
-    above, equal_per_block = 0, []
-    for start, magnitude in _task_magnitudes(blocks, side):
-        above += int(np.count_nonzero(magnitude > cut))
-        equal_per_block.append((start, int(np.count_nonzero(magnitude == cut))))
+    # Partitioned, everything before n - k is at most the cut and everything from it at
+    # least: how many lie above it, and how many equal it, without another pass.
+    above = _count(scratch[0][n - k :], np.greater, cut)
+    equal = _count(scratch[0], np.equal, cut)
     missing = k - above  # equal magnitudes to keep, lowest indices first (>= 1)
-    if missing > sum(count for _, count in equal_per_block):  # a NaN cut: none equal
+    if missing > equal:  # a NaN cut: none equal
         return Cut(float(cut), -1)
-    target = 0
-    for block_start, count in equal_per_block:
-        target = block_start
-        if missing <= count:
-            break
-        missing -= count
-    last = -1
+    if missing == equal:  # every equal one is kept
+        return Cut(float(cut), n - 1)
+    # Where the missing-th equal one is: one pass, stopping there.
     for start, magnitude in _task_magnitudes(blocks, side):
-        if start == target:
-            last = start + int(np.flatnonzero(magnitude == cut)[missing - 1])
-            break
-    return Cut(float(cut), last)
+        hits = np.flatnonzero(magnitude == cut)
+        if missing <= hits.size:
+            return Cut(float(cut), start + int(hits[missing - 1]))
+        missing -= hits.size
+    return Cut(float(cut), -1)  # not reached: the equal ones were counted above
 
 
 def elect(
