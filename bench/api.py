@@ -115,21 +115,49 @@ def bench_save(work: Path, env: dict[str, str], sd: dict[str, np.ndarray], runs:
         "lfs_add": (write_and_add(lfs), reset(lfs)),
     }
     times: dict[str, list[float]] = {name: [] for name in cases}
+    cpus: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(runs):  # interleaved: a loaded machine's drift hits every case alike
         for name, (fn, before) in cases.items():
-            times[name] += timed(fn, 1, before)
-    api, api_file, add, lfs_add = (times[n] for n in cases)
-    ratio = statistics.median(api) / statistics.median(add)
-    ratio_file = statistics.median(api_file) / statistics.median(add)
+            before()
+            start, cpu = time.perf_counter(), cpu_seconds()
+            fn()
+            times[name].append(time.perf_counter() - start)
+            cpus[name].append(cpu_seconds() - cpu)
+
+    def ratio(case: str, of: dict[str, list[float]]) -> str:
+        """The median over rounds of case / write + add in the same round."""
+        rounds = [a / b for a, b in zip(of[case], of["add"], strict=True)]
+        return f"{statistics.median(rounds):.2f}x"
+
+    def cpu(case: str) -> str:
+        return f"{statistics.median(cpus[case]):.2f} s"
+
     return [
-        "| operation | time (median, min-max) | vs write + `git add` |",
-        "|---|---|---|",
-        f"| `git_theta.save(sd, path)` | {med(api)} | {ratio:.2f}x |",
-        f"| `git_theta.save(sd, path, write_file=True)` | {med(api_file)} | {ratio_file:.2f}x |",
-        f"| `save_file` + `git add` (git-theta) | {med(add)} | 1.00x |",
-        f"| `save_file` + `git add` (plain Git LFS) | {med(lfs_add)} | "
-        f"{statistics.median(lfs_add) / statistics.median(add):.2f}x |",
+        "| operation | wall (median, min-max) | vs write + `git add` | CPU (median) | CPU vs |",
+        "|---|---|---|---|---|",
+        *(
+            f"| {label} | {med(times[case])} | {ratio(case, times)} | {cpu(case)} | "
+            f"{ratio(case, cpus)} |"
+            for case, label in (
+                ("api", "`git_theta.save(sd, path)`"),
+                ("api_file", "`git_theta.save(sd, path, write_file=True)`"),
+                ("add", "`save_file` + `git add` (git-theta)"),
+                ("lfs_add", "`save_file` + `git add` (plain Git LFS)"),
+            )
+        ),
+        "",
+        "Ratios: the median over rounds of each case against write + `git add` in the same",
+        "round. CPU: user + system of this process and of the commands it ran.",
     ]
+
+
+def cpu_seconds() -> float:
+    """User + system CPU of this process (all threads) and of its waited-for children."""
+    import resource
+
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def bench_open(work: Path, env: dict[str, str], sd: dict[str, np.ndarray], runs: int) -> list[str]:

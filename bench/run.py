@@ -583,8 +583,14 @@ def add_speed_case(
 ) -> list[str]:
     """Commit a base, a sparse and a LoRA version (bench/series.py's steps), then time
     ``git add`` of a version where only the tensors named ``head*`` (the last layer and
-    the head) changed, for git-theta and Git LFS; return a markdown table row."""
+    the head) changed, for git-theta (the filter git starts, and the opt-in warm server)
+    and Git LFS, the three interleaved run by run so a shared machine's drift hits them
+    alike; return a markdown table row (medians: wall, and CPU of the whole command)."""
+    import resource
+
     import series as steps  # bench/series.py (which imports this module)
+
+    from git_theta.commands.install import process_command
 
     rng = np.random.default_rng(SEED)
     versions = [dict(base)]
@@ -597,18 +603,22 @@ def add_speed_case(
             noise = 1e-3 * rng.standard_normal(value.shape, dtype=np.float32)
             last[name] = (value + noise).astype(last[name].dtype)
     changed = sum(1 for k in last if not np.array_equal(last[k], versions[-1][k]))
-    out: dict[str, Series] = {}
-    for tool in ("theta", "lfs"):
+    tools = ("theta", "server", "lfs")
+    repos: dict[str, tuple[Path, set[Path]]] = {}
+    for tool in tools:
         repo = work / f"addspeed-{label}-{tool}".replace(" ", "_")
         shutil.rmtree(repo, ignore_errors=True)
         repo.mkdir(parents=True)
         run(["git", "init", "-q"], repo, env)
         if tool == "lfs":
             run(["git", "lfs", "install", "--local"], repo, env)
-        run(["git", tool, "track", "*.safetensors"], repo, env)
+        if tool == "server":  # `git theta install --server`, for this repository only
+            run(["git", "config", "filter.theta.process", process_command(server=True)],
+                repo, env)  # fmt: skip
+        run(["git", "lfs" if tool == "lfs" else "theta", "track", "*.safetensors"], repo, env)
         for i, values in enumerate(versions):
             write_safetensors(repo / FILE, values)
-            if tool == "theta" and i == 2 and steps.FACTORS:
+            if tool != "lfs" and i == 2 and steps.FACTORS:
                 factors = work / "addspeed-factors.safetensors"
                 write_safetensors(factors, steps.FACTORS)
                 run(["git", "theta", "add", "--update-type", "low-rank", "--update-path",
@@ -618,21 +628,39 @@ def add_speed_case(
             # the MiniLM names the LoRA step renames) still makes its version.
             run(["git", "commit", "-q", "--allow-empty", "-m", f"v{i}"], repo, env)
         write_safetensors(repo / FILE, last)
-        keep = object_files(repo)
-
-        def back(repo: Path = repo, keep: set[Path] = keep) -> None:
+        repos[tool] = (repo, object_files(repo))
+    walls: dict[str, list[float]] = {tool: [] for tool in tools}
+    cpus: dict[str, list[float]] = {tool: [] for tool in tools}
+    peaks: dict[str, float] = {}
+    for i in range(runs + 1):  # the first round is only watched for memory (and warms)
+        for tool in tools:
+            repo, keep = repos[tool]
             run(["git", "reset", "-q", "--no-refresh"], repo, env)
             for p in object_files(repo) - keep:
                 p.unlink()
-
-        out[tool] = series(["git", "add", FILE], repo, env, runs, back)
-        shutil.rmtree(repo)
-    theta, lfs = out["theta"], out["lfs"]
+            os.sync()  # so writeback left over from the last run does not land in this one
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            r = run(["git", "add", FILE], repo, env, watch=i == 0)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            if i == 0:
+                if tool == "theta":
+                    peaks = r.peaks
+                continue
+            walls[tool].append(r.seconds)
+            cpus[tool].append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    for tool in tools:
+        log(f"  {label} {tool}: " + " ".join(f"{t:.2f}" for t in walls[tool]) + " s")
+        shutil.rmtree(repos[tool][0])
+    wall = {tool: statistics.median(walls[tool]) for tool in tools}
+    cpu = {tool: statistics.median(cpus[tool]) for tool in tools}
     largest = max(v.nbytes for v in last.values())
-    peak = max((mb for name, mb in theta.peaks.items() if name not in ("git", "sh")), default=0)
-    return [label, f"{changed} of {len(last)}", f"{theta.seconds:.2f}", f"{lfs.seconds:.2f}",
-            f"{theta.seconds / lfs.seconds:.2f}x", f"{peak:.0f}",
-            f"{300 + 2 * largest / MB:.0f}"]  # fmt: skip
+    peak = max((mb for name, mb in peaks.items() if name not in ("git", "sh")), default=0)
+    return [label, f"{changed} of {len(last)}", f"{wall['theta']:.2f}", f"{wall['lfs']:.2f}",
+            f"{wall['theta'] / wall['lfs']:.2f}x",
+            f"{cpu['theta'] / cpu['lfs']:.2f}x",
+            f"{wall['server']:.2f} ({wall['server'] / wall['lfs']:.2f}x)",
+            f"{peak:.0f}", f"{300 + 2 * largest / MB:.0f}",
+            f"{os.getloadavg()[0]:.1f}"]  # fmt: skip
 
 
 def add_speed(work: Path, env: Env, runs: int, quick: bool) -> str:
@@ -650,8 +678,11 @@ def add_speed(work: Path, env: Env, runs: int, quick: bool) -> str:
         rows.append(
             add_speed_case("GPT-2-small FP32", gpt2, ("h.11.", "ln_f.", "wte."), work, env, runs)
         )
-    cols = "checkpoint|tensors changed|add theta (s)|add LFS (s)|ratio|theta peak RSS (MB)"
-    return "\n".join(table(f"{cols}|bound 300 + 2x largest (MB)", rows))
+    cols = (
+        "checkpoint|tensors changed|add theta (s)|add LFS (s)|ratio|CPU ratio"
+        "|warm server (s, ratio)|theta peak RSS (MB)|bound 300 + 2x largest (MB)|load at end"
+    )
+    return "\n".join(table(cols, rows))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
