@@ -371,3 +371,20 @@ def test_a_second_adapter_version_is_stored_on_the_base(tmp_path: Path) -> None:
         assert [ln.update for ln in chain] == ["dense", "factor", "factor", "low-rank"]
         assert chain[-1].ref.size < 1024  # no correction to speak of
         assert bytes(chains.rebuild("w", entry, store)) == new
+
+
+def test_every_chain_is_folded_by_chains_apply_links() -> None:
+    """A new place that applied links itself would misread operand links: outside the
+    update types and the conformance kit, only chains.py applies an update."""
+    import re
+
+    import git_theta
+
+    root = Path(git_theta.__file__).parent
+    applying = re.compile(r"\.(apply|apply_with|summary)\(")
+    found = {
+        str(p.relative_to(root))
+        for p in root.rglob("*.py")
+        if applying.search(p.read_text()) and not p.is_relative_to(root / "updates")
+    }
+    assert found <= {"chains.py", "testing.py"}, found
