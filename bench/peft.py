@@ -10,7 +10,15 @@ ADAPTER_DIR``; Git LFS with ``git add``. Cases: plain LoRA (r 8, alpha 16), with
 zip). The table gives the bytes each version adds to the object stores, the factors file
 and the ratio git-theta / factors (target 1.2x), and the median add time of the merge.
 
+``--history``: the adapter directory and the merged model committed together, two LoRA
+versions (the second trained on from the first), added as ``git add .`` orders them (the
+adapter file first, then the model with ``--update-type low-rank --update-path adapter/``);
+and an adapter-only history (three versions, the adapter directory alone). Bytes each
+commit adds, for git-theta, Git LFS and, with ``--previous SRC`` (the ``src`` directory of
+an older git-theta, e.g. ``git archive REV src | tar -x -C DIR``), that git-theta.
+
 Usage: HF_HUB_OFFLINE=1 python bench/peft.py [--runs N] [--steps N] [--out FILE] [--keep]
+       HF_HUB_OFFLINE=1 python bench/peft.py --history [--previous DIR/src] [--steps N]
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -35,6 +44,7 @@ sys.modules["run"] = bench
 _SPEC.loader.exec_module(bench)
 
 FILE = "model.safetensors"
+ADAPTER = "adapter_model.safetensors"
 # (label, family, LoraConfig keyword arguments, adapter saved as safetensors)
 CASES: list[tuple[str, str, dict[str, Any], bool]] = [
     ("BERT LoRA r8", "bert", {}, True),
@@ -158,6 +168,114 @@ HEAD = [
 ]  # fmt: skip
 
 
+def lora_versions(work: Path, steps: int, count: int) -> list[Path]:
+    """Base model (``work/v0``), then ``count`` versions of one BERT LoRA, each trained on
+    from the last: ``work/vN`` holds ``adapter/`` and the merged ``model.safetensors``."""
+    import copy
+
+    import peft
+
+    model, targets = build("bert")
+    model.save_pretrained(work / "v0")
+    wrapped = peft.get_peft_model(
+        model, peft.LoraConfig(r=8, lora_alpha=16, target_modules=targets)
+    )
+    out = []
+    for n in range(1, count + 1):
+        train(wrapped, steps)  # a new generator each time: the same batches, new factors
+        wrapped.save_pretrained(work / f"v{n}" / "adapter")
+        copy.deepcopy(wrapped).merge_and_unload().save_pretrained(work / f"v{n}" / "merged")
+        os.replace(work / f"v{n}" / "merged" / FILE, work / f"v{n}" / FILE)
+        out.append(work / f"v{n}")
+    return out
+
+
+def previous_env(work: Path, env: bench.Env, src: Path) -> bench.Env:
+    """``env`` running the git-theta whose sources are ``src`` (the command and the filter)."""
+    import shlex
+
+    old = work / "previous-src"
+    shutil.copytree(src, old)
+    for built in (Path(__file__).resolve().parents[1] / "src" / "git_theta").glob("_planes*.so"):
+        shutil.copy(built, old / "git_theta")  # the C kernel, if this checkout built one
+    shim = work / "previous-bin"
+    shim.mkdir()
+    code = (
+        f"import sys, runpy; sys.path.insert(0, {str(old)!r}); "
+        "runpy.run_module('git_theta', run_name='__main__', alter_sys=True)"
+    )
+    script = shim / "git-theta"
+    script.write_text(
+        f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -E -P -c {shlex.quote(code)} "$@"\n'
+    )
+    script.chmod(0o755)
+    home = work / "previous-home"
+    home.mkdir()
+    # This git-theta's install (it refuses to set up another's), the filter pointed at it.
+    shutil.copy(env["GIT_CONFIG_GLOBAL"], home / ".gitconfig")
+    out = dict(env)
+    out.update(
+        HOME=str(home),
+        GIT_CONFIG_GLOBAL=str(home / ".gitconfig"),
+        PATH=os.pathsep.join([str(shim), env["PATH"]]),
+    )
+    for key, args in (("process", "filter-process"), ("clean", "clean -- %f"),
+                      ("smudge", "smudge -- %f")):  # fmt: skip
+        bench.run(
+            ["git", "config", "--global", f"filter.theta.{key}", f"{script} {args}"], work, out
+        )
+    return out
+
+
+def history(work: Path, envs: dict[str, bench.Env], versions: list[Path]) -> list[list[str]]:
+    """Rows: bytes each commit adds, per tool, for the adapter + merged model history and
+    the adapter-only one; every version checked out again bit for bit at the end."""
+    rows = []
+    for kind in ("adapter + merged model", "adapter only"):
+        sizes: dict[str, list[int]] = {}
+        for tool, env in envs.items():
+            repo = work / f"{'model' if kind != 'adapter only' else 'adapter'}-{tool}"
+            repo.mkdir()
+            bench.run(["git", "init", "-q"], repo, env)
+            if tool == "lfs":
+                bench.run(["git", "lfs", "install", "--local"], repo, env)
+                bench.run(["git", "lfs", "track", "*.safetensors"], repo, env)
+            else:
+                bench.run(["git", "theta", "track", "*.safetensors"], repo, env)
+            sizes[tool] = []
+            # Two versions with the merged model; three of the adapter alone.
+            commits = [versions[0].parent / "v0", *versions[:2]]
+            if kind == "adapter only":
+                commits = versions
+            shas = []
+            for version in commits:
+                before = bench.stored_bytes(repo)
+                if (version / "adapter").exists():
+                    shutil.copytree(version / "adapter", repo / "adapter", dirs_exist_ok=True)
+                if kind != "adapter only":
+                    (repo / FILE).write_bytes((version / FILE).read_bytes())
+                if tool != "lfs" and kind != "adapter only" and (repo / "adapter").exists():
+                    bench.run(["git", "add", "adapter"], repo, env)  # as `git add .` orders it
+                    bench.run(["git", "theta", "add", "--update-type", "low-rank",
+                               "--update-path", "adapter/", FILE], repo, env)  # fmt: skip
+                bench.run(["git", "add", "-A"], repo, env)
+                bench.run(["git", "commit", "-q", "-m", version.name], repo, env)
+                sizes[tool].append(bench.stored_bytes(repo) - before)
+                files = [p for p in (repo / FILE, repo / "adapter" / ADAPTER) if p.exists()]
+                shas.append({p: bench.sha256(p) for p in files})
+            for back, wanted in enumerate(reversed(shas)):
+                bench.run(["git", "checkout", "-q", f"HEAD~{back}"], repo, env)
+                for path, sha in wanted.items():
+                    if bench.sha256(path) != sha:
+                        raise bench.BenchError(f"{tool}: {path} at HEAD~{back} differs")
+                bench.run(["git", "checkout", "-q", "main"], repo, env)
+        for n in range(len(next(iter(sizes.values())))):
+            label = ("v0 (base)" if n == 0 else f"v{n}") if kind != "adapter only" else f"v{n + 1}"
+            rows.append([kind, label, *(f"{sizes[t][n]:,} B" for t in envs)])
+        rows.append([kind, "**total**", *(f"**{sum(sizes[t]):,} B**" for t in envs)])
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="timed adds of each merge")
@@ -165,11 +283,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", help="run the cases whose label contains this")
     parser.add_argument("--out", type=Path, help="also write the table here")
     parser.add_argument("--keep", action="store_true", help="keep the scratch directory")
+    parser.add_argument("--history", action="store_true", help="adapter + merge histories")
+    parser.add_argument("--previous", type=Path, help="with --history: an older git-theta's src")
     args = parser.parse_args(argv)
     os.environ["HF_HUB_OFFLINE"] = "1"
     work = Path(tempfile.mkdtemp(prefix="theta-peft-"))
     env = bench.hermetic_env(work)
     rows = []
+    if args.history:
+        try:
+            envs = {"theta": env}
+            if args.previous is not None:
+                envs["previous"] = previous_env(work, env, args.previous.resolve())
+            envs["lfs"] = env
+            loras = lora_versions(work / "lora", args.steps, 3)
+            rows = history(work, envs, loras)
+        finally:
+            bench.remove_workdir(work, args.keep)
+        names = {"theta": "git-theta", "previous": "git-theta (previous)", "lfs": "Git LFS"}
+        head = " | ".join(["history", "commit", *(names[t] for t in envs)])
+        text = "\n".join(bench.table(head, rows)) + "\n"
+        print(text)
+        if args.out is not None:
+            args.out.write_text(text)
+        return 0
     try:
         for number, (label, family, extra, safe) in enumerate(CASES):
             if args.only and args.only not in label:
