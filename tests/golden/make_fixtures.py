@@ -219,6 +219,18 @@ def update_recipes(values: dict[str, Json]) -> dict[str, Json]:
         new[0] ^= 1
         new[-1] ^= 4
         ups[name] = {"update": key, "prev": base, "new": bytes(new), "inputs": inputs}
+    # A delta with planes grouped by the old exponent (method bit 7): an Adam-like step,
+    # about the same size for every weight. Its own generator: the draws above stay put.
+    adam = np.random.default_rng(20261201)
+    old = (adam.standard_normal(64 * 128) * 0.02).astype("<f4")
+    old[:1024] += 1  # layer-norm-like weights: another exponent
+    step = 6e-5 * adam.uniform(0.5, 1.5, old.size) * adam.choice([-1.0, 1.0], old.size)
+    values["f32-base-64x128"] = value("F32", old.tobytes(), "a base for updates", [64, 128])
+    ups["delta-f32-grouped"] = {
+        "update": "delta",
+        "prev": "f32-base-64x128",
+        "new": (old + step).astype("<f4").tobytes(),
+    }
     return ups
 
 
