@@ -276,8 +276,9 @@ def _swap(entry: TensorEntry, chain: tuple[Link, ...]) -> TensorEntry:
         (lambda c: (*c, c[1]), "the chain ends with 1 factor object no update takes"),
         (lambda c: (c[0], c[1], c[1], c[3]), "declares 512 bytes, more than the 384 expected"),
         (lambda c: (c[1], c[2]), "the chain ends with 2 factor objects no update takes"),
+        (lambda c: (c[0], c[1], c[2], c[1], c[3]), "more than 2 factor objects in a row"),
     ],
-    ids=["before-dense", "one-missing", "trailing", "wrong-factor", "only-factors"],
+    ids=["before-dense", "one-missing", "trailing", "wrong-factor", "only-factors", "three"],
 )
 def test_misplaced_factor_objects_are_one_clear_error(
     tmp_path: Path, arrange: Any, message: str

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from git_theta.updates.base import Picked, UpdateType
 
 MAX_CHAIN = 8
+MAX_OPERANDS = 2  # a low-rank update's two factors; ia3 takes one
 
 
 def steps(chain: tuple[Link, ...]) -> int:
@@ -289,6 +290,11 @@ def apply_links(
             raise
         try:
             if plugin.is_operand:
+                if len(operands) == MAX_OPERANDS:  # read no more than an update can take
+                    raise ObjectCorruptError(
+                        f"more than {MAX_OPERANDS} factor objects in a row; no update takes "
+                        "that many"
+                    )
                 operands.append(store.get(link.ref))
                 continue
             value = plugin.apply_with(value, store.get(link.ref), operands, dtype, limit=cap)
