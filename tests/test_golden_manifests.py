@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from golden_fixtures import CODEC_MAGIC, MANIFESTS, fixtures, kernels
 
-from git_theta.chains import last_step, rebuild
+from git_theta.chains import last_step, plugin_for, rebuild
 from git_theta.clean import clean
 from git_theta.content import content_hash
 from git_theta.errors import ManifestError
@@ -76,7 +76,7 @@ def test_every_link_codec_names_its_update_types_codec_and_object(
     store = golden_store(tmp_path)
     for entry in manifest(name).tensors.values():
         for link in entry.chain:
-            assert link.codec == UPDATES.get(link.update).codec
+            assert link.codec == plugin_for(link).codec
             magic = CODEC_MAGIC[link.codec]
             with store.open(link.ref) as fh:
                 assert fh.read(len(magic)) == magic
@@ -106,7 +106,7 @@ def test_fixtures_cover_every_format_and_update_type() -> None:
         for entry in manifest(n).tensors.values()
         for link in entry.chain
     }
-    assert updates == {"dense", "sparse", "delta", "low-rank", "ia3"}
+    assert updates == {"dense", "sparse", "delta", "low-rank", "ia3", "factor"}
     assert max(len(e.chain) for n in CHECKPOINTS for e in manifest(n).tensors.values()) >= 3
     assert FUTURE
     total = sum(p.stat().st_size for p in MANIFESTS.rglob("*") if p.is_file())

@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import struct
 import sys
 from collections.abc import Callable
@@ -450,6 +451,9 @@ CHAIN_UPDATES = {
     "chains-v2": {"a.weight": "sparse", "b.weight": "delta", "c.weight": "low-rank",
                   "d.weight": "ia3"},
     "chains-v3": {"a.weight": "delta"},
+    # chains-v2 as clean writes it since factors are operand links (manifest version 3)
+    "linked-v2": {"a.weight": "sparse", "b.weight": "delta", "c.weight": "low-rank",
+                  "d.weight": "ia3"},
 }  # fmt: skip
 
 
@@ -482,6 +486,7 @@ def make_manifests(tmp: Path) -> None:
         "chains-v1": ("chains.safetensors", lambda: v1, None),
         "chains-v2": ("chains.safetensors", lambda: v2, "chains-v1"),
         "chains-v3": ("chains.safetensors", lambda: v3, "chains-v2"),
+        "linked-v2": ("chains.safetensors", lambda: v2, "chains-v1"),
     }
     for name, (path, make, previous) in recipes.items():
         if (MANIFESTS / f"{name}.manifest").exists():
@@ -501,6 +506,14 @@ def make_manifests(tmp: Path) -> None:
         }
         report(name, write_new(MANIFESTS / f"{name}.manifest", out.getvalue()))
         write_new(MANIFESTS / f"{name}.json", dump(meta))
+    theta = MANIFESTS / "lfs" / "theta"  # clean writes to LFS_DIR/theta/objects
+    if theta.exists():  # the fixtures keep git-lfs's layout (objects/aa/bb/OID)
+        for obj in (theta / "objects").rglob("*"):
+            dest = MANIFESTS / "lfs" / "objects" / obj.name[:2] / obj.name[2:4] / obj.name
+            if obj.is_file() and not dest.exists():
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(obj, dest)
+        shutil.rmtree(theta)
     tmpdir = MANIFESTS / "lfs" / "tmp"
     if tmpdir.exists():
         for leftover in tmpdir.iterdir():
