@@ -135,14 +135,16 @@ def clean_to_manifest(
     previous: Manifest | None = None,
 ) -> bytes:
     """Clean ``source`` as ``git add`` would, against ``previous`` (default: the staged
-    manifest); return the manifest's bytes."""
+    manifest) and, for tensors it does not explain, the repository's other manifests
+    (identity.py: a tensor moved from another file is not stored again); return the
+    manifest's bytes."""
     from git_theta.clean import clean
 
     if previous is None:
         previous = repo.staged_manifest(where.path)
     sink = _Collect()
     clean(source, sink, where.path, repo.store, previous, show_progress=False,
-          update_for=update_for)  # fmt: skip
+          update_for=update_for, known=repo.known)  # fmt: skip
     return b"".join(sink.parts)
 
 
