@@ -57,6 +57,11 @@ GROUP_MIN = 4096  # bytes: a smaller plane would save tens of bytes for a second
 # proportional to the weight (multiplicative noise) does not depend on the exponent and
 # gains ~0.2%, an Adam step does (the top planes' entropy drops by 20-50%).
 GROUP_MIN_SHARE, GROUP_MIN_GAIN = 0.01, 0.002
+# Above this share, in a plane of several entropy-coder blocks (one block codes the same
+# histogram in any order), the plane is encoded grouped only, not also in natural order
+# to compare: on the fine-tune of docs/benchmarks.md every such plane came out 2-78%
+# smaller, and the second Huffman encode doubled a delta's encode time.
+GROUP_SURE_SHARE, GROUP_SURE_MIN = 0.15, 1 << 18
 _SAMPLE = 1 << 16  # bytes sampled to pick a plane's method
 _UINT = {1: "<u1", 2: "<u2", 4: "<u4", 8: "<u8"}
 
@@ -218,9 +223,15 @@ def _group_gain(plane: bytes | memoryview, context: bytes | memoryview, word: in
     return _group_gain_numpy(plane, context, word, step)
 
 
-def _worth_grouping(plane: bytes | memoryview, context: bytes | memoryview, word: int) -> bool:
-    gain = _group_gain(plane, context, word)
-    return gain >= GROUP_MIN_SHARE * _entropy_bits(plane) + GROUP_MIN_GAIN
+def _grouping_odds(plane: bytes | memoryview, context: bytes | memoryview, word: int) -> float:
+    """The share of the plane's sample entropy grouping saves, less a floor (0 for a
+    plane too small to try)."""
+    if len(plane) < GROUP_MIN:
+        return 0.0
+    bits = _entropy_bits(plane)
+    if bits > 7.995:  # random (a mantissa's low byte): nothing to gain, skip the estimate
+        return 0.0
+    return (_group_gain(plane, context, word) - GROUP_MIN_GAIN) / max(bits, 1e-9)
 
 
 def _group(
@@ -315,19 +326,28 @@ def _encode_chunk(
     chunk: memoryview, layout: Layout, level: int, context: memoryview | None = None
 ) -> bytes:
     rows: list[bytes | memoryview] = [chunk] if layout.word == 1 else [*_split(chunk, layout)]
-    packed = [_pack_plane(row, level) for row in rows]
+    odds = [0.0] * len(rows)
     if context is not None and layout.word > 1:
-        # A plane a sample says grouping helps is also tried grouped; kept if smaller.
-        tried = [
-            k
-            for k, row in enumerate(rows)
-            if len(row) >= GROUP_MIN and _worth_grouping(row, context, layout.word)
-        ]
-        grouped = _group([rows[k] for k in tried], context, layout.word, True) if tried else []
-        for k, row in zip(tried, grouped, strict=True):
-            method, payload = _pack_plane(row, level)
-            if len(payload) < len(packed[k][1]):
-                packed[k] = (method | GROUPED, payload)
+        odds = [_grouping_odds(row, context, layout.word) for row in rows]
+    tried = [k for k, share in enumerate(odds) if share >= GROUP_MIN_SHARE]
+    grouped: dict[int, bytes] = {}
+    if tried:
+        assert context is not None
+        rows_grouped = _group([rows[k] for k in tried], context, layout.word, True)
+        grouped = dict(zip(tried, rows_grouped, strict=True))
+    packed = []
+    for k, row in enumerate(rows):
+        if k not in grouped:
+            packed.append(_pack_plane(row, level))
+            continue
+        # A plane the sample says grouping helps is encoded grouped, and unless the
+        # sample is sure, in natural order too: the smaller is kept.
+        method, payload = _pack_plane(grouped[k], level)
+        choice = (RAW, row) if method == RAW else (method | GROUPED, payload)
+        if odds[k] < GROUP_SURE_SHARE or len(row) < GROUP_SURE_MIN:
+            natural = _pack_plane(row, level)
+            choice = natural if len(natural[1]) <= len(choice[1]) else choice
+        packed.append(choice)
     parts: list[bytes | memoryview] = []
     for method, payload in packed:
         parts.append(_PLANE.pack(method, len(payload)))
