@@ -10,6 +10,7 @@ from pathlib import Path
 
 import blake3
 import numpy as np
+import pytest
 from conftest import git
 from st_files import f32, st_from_arrays
 
@@ -100,10 +101,17 @@ def test_a_prefiltered_manifest_listed_at_several_paths_is_parsed_once(repo: Pat
     assert len(where._parsed) == 1  # x and y hold the same manifest
 
 
-def test_the_prefilter_finds_every_tensor_of_what_to_bytes_writes() -> None:
+@pytest.mark.parametrize("searches", [0, 100])
+def test_the_prefilter_finds_every_tensor_of_what_to_bytes_writes(
+    monkeypatch: pytest.MonkeyPatch, searches: int
+) -> None:
     """If the serialization changes, the prefilter must change with it: every name
-    (escaped ones included) and every hash of a written manifest is found in its text."""
+    (escaped ones included, searched for or indexed) and every hash of a written manifest
+    is found in its text."""
+    from git_theta import identity
     from git_theta.identity import INDEX, Blob, _Unparsed
+
+    monkeypatch.setattr(identity, "_SEARCHES_BEFORE_INDEX", searches)
 
     rng = np.random.default_rng(24)
     names = ["a.weight", 'q"uote', "héllo", "back\\slash", "日本.bias", "x" * 300, "a"]
@@ -121,3 +129,4 @@ def test_the_prefilter_finds_every_tensor_of_what_to_bytes_writes() -> None:
         assert unparsed.with_name(name) == ["m" * 40], name
         assert unparsed.with_hash(entry.hash) == ["m" * 40], name
     assert unparsed.with_name("a.weigh") == [] and unparsed.with_name("weight") == []
+    assert unparsed.with_name("héll") == [] and unparsed.with_name('q"') == []

@@ -75,6 +75,14 @@ _HASH_TEXT = re.compile(rb'"hash": "([0-9a-f]{64})"')
 _NAME_TEXT = re.compile(
     rb'\n  "([^"\\\n]*)": \{"dtype": "[^"\n]*", "shape": \[[0-9, ]*\], "hash": "[0-9a-f]{64}"'
 )
+# Any name, escapes (non-ASCII, quotes) included: three times slower to match, so used
+# only once a clean has looked up several escaped names (a model named in another
+# script); before that, each is searched for in the text.
+_ANY_NAME_TEXT = re.compile(
+    rb'\n  "((?:[^"\\\n]|\\[^\n])*)": \{"dtype": "[^"\n]*", "shape": \[[0-9, ]*\], '
+    rb'"hash": "[0-9a-f]{64}"'
+)
+_SEARCHES_BEFORE_INDEX = 16
 
 
 class _Unparsed:
@@ -88,6 +96,8 @@ class _Unparsed:
             self.data.setdefault(blob.oid, blob.data)
         self._hashes: dict[bytes, list[str]] | None = None
         self._names: dict[bytes, list[str]] | None = None
+        self._escaped: dict[bytes, list[str]] | None = None
+        self._searches = 0
 
     @staticmethod
     def _scan(data: dict[str, bytes], pattern: re.Pattern[bytes]) -> dict[bytes, list[str]]:
@@ -106,12 +116,18 @@ class _Unparsed:
     def with_name(self, name: str) -> list[str]:
         """Return the unparsed blobs with a tensor line for ``name``, as to_bytes writes it."""
         spelled = json.dumps(name)
-        if "\\" in spelled:  # escaped (rare): not in the index, search the text itself
-            line = f"\n  {spelled}: {{".encode()
-            return [oid for oid, text in self.data.items() if line in text]
+        key = spelled[1:-1].encode()
+        if "\\" in spelled:  # escaped: searched for in the text, indexed once common
+            if self._escaped is None and self._searches < _SEARCHES_BEFORE_INDEX:
+                self._searches += 1
+                line = b"\n  " + spelled.encode() + b": {"
+                return [oid for oid, text in self.data.items() if line in text]
+            if self._escaped is None:
+                self._escaped = self._scan(self.data, _ANY_NAME_TEXT)
+            return self._alive(self._escaped.get(key, ()))
         if self._names is None:
             self._names = self._scan(self.data, _NAME_TEXT)
-        return self._alive(self._names.get(spelled[1:-1].encode(), ()))
+        return self._alive(self._names.get(key, ()))
 
     def _alive(self, oids: Iterable[str]) -> list[str]:
         return [oid for oid in dict.fromkeys(oids) if oid in self.data]
