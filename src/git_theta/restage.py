@@ -60,6 +60,12 @@ def private_index() -> Iterator[str]:
         ):
             while chunk := src.read(1 << 20):
                 dst.write(chunk)
+            # The index's own mtime: git trusts an entry's stat data only when the file
+            # changed after the index was written (racy git); a fresh mtime on the copy
+            # made a file rewritten in the second of the last commit look unchanged.
+            dst.flush()
+            st = os.fstat(src.fileno())
+            os.utime(dst.fileno(), ns=(st.st_atime_ns, st.st_mtime_ns))
         os.environ[INDEX_ENV] = copy
         yield copy
         if os.path.exists(copy):
