@@ -389,3 +389,49 @@ def test_every_chain_is_folded_by_chains_apply_links() -> None:
         if applying.search(p.read_text()) and not p.is_relative_to(root / "updates")
     }
     assert found <= {"chains.py", "testing.py"}, found
+
+
+def test_factor_objects_go_through_an_lfs_server(repo: Path, tmp_path: Path, server: Any) -> None:
+    """Pushed to giftless (the batch API) and cloned: the factor objects are uploaded
+    with the rest, and the low-rank version checks out bit for bit."""
+    from st_files import st_from_arrays
+
+    rng = np.random.default_rng(4)
+    w = (rng.standard_normal((64, 48)) * 0.02).astype("<f4")
+    r = (rng.standard_normal((64, 2)) * 0.1).astype("<f4")
+    c = (rng.standard_normal((2, 48)) * 0.1).astype("<f4")
+    model = repo / "m.safetensors"
+    model.write_bytes(st_from_arrays({"w": w}))
+    git(repo, "add", "m.safetensors")
+    git(repo, "commit", "-q", "-m", "base")
+    new = reproduce(w.tobytes(), "F32", w.shape, Inputs("low-rank", (factor_of(r), factor_of(c))))
+    assert new is not None
+    model.write_bytes(st_from_arrays({"w": np.frombuffer(new, "<f4").reshape(w.shape)}))
+    factors = tmp_path / "lora.safetensors"
+    factors.write_bytes(st_from_arrays({"w/R": r, "w/C": c}))
+    done = subprocess.run(
+        ["git", "theta", "add", "--update-type", "low-rank", "--update-path", str(factors),
+         "m.safetensors"], cwd=repo, capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    git(repo, "commit", "-q", "-m", "lora")
+    chain = manifest_of(repo, "m.safetensors")["tensors"]["w"]["chain"]
+    assert [ln["update"] for ln in chain] == ["dense", "factor", "factor", "low-rank"]
+    remote = tmp_path / "origin.git"
+    git(tmp_path, "init", "-q", "--bare", str(remote))
+    git(repo, "remote", "add", "origin", f"file://{remote}")
+    (repo / ".lfsconfig").write_text(f'[lfs]\n\turl = "{server.url("model")}"\n')
+    git(repo, "add", ".lfsconfig")
+    git(repo, "commit", "-q", "-m", "the LFS server")  # what the clone reads
+    git(repo, "push", "-q", "origin", "HEAD:main")
+    assert {ln["oid"] for ln in chain} <= server.objects()
+    clone = tmp_path / "clone"
+    done = subprocess.run(
+        ["git", "clone", "-q", f"file://{remote}", str(clone)], capture_output=True
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    assert sha256(clone / "m.safetensors") == sha256(model)
+
+
+def factor_of(a: np.ndarray) -> Factor:
+    return Factor("F32", a.shape, a.tobytes())
