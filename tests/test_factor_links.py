@@ -435,3 +435,30 @@ def test_factor_objects_go_through_an_lfs_server(repo: Path, tmp_path: Path, ser
 
 def factor_of(a: np.ndarray) -> Factor:
     return Factor("F32", a.shape, a.tobytes())
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda h: h["factors"][0].update(size=5), "a factor is malformed"),
+        (lambda h: h.update(linked=1), "its header is malformed"),
+        (lambda h: h["factors"][0].update(shape=[64, 3]), "its factors do not fit the tensor"),
+    ],
+    ids=["size-in-linked", "linked-not-bool", "factor-shape"],
+)
+def test_a_hostile_linked_header_is_one_clear_error(
+    tmp_path: Path, edit: Any, message: str
+) -> None:
+    import struct
+
+    store = ObjectStore(tmp_path / "lfs")
+    entry, _ = linked_chain(store)
+    payload = bytes(store.get(entry.chain[-1].ref))
+    (length,) = struct.unpack_from("<I", payload, 4)
+    header = json.loads(payload[8 : 8 + length])
+    edit(header)
+    text = json.dumps(header, sort_keys=True).encode()
+    bad = payload[:4] + struct.pack("<I", len(text)) + text + payload[8 + length :]
+    link = Link("low-rank", "gtfx1", store.put([bad]))
+    with pytest.raises(ObjectCorruptError, match=message):
+        chains.rebuild("w", _swap(entry, (*entry.chain[:-1], link)), store)

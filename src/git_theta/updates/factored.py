@@ -718,7 +718,9 @@ def _read_payload(
         known, f_shape, size = lookup(f.get("dtype", "")), _dims(f.get("shape")), f.get("size")
         if known is None or known.bits % 8 or known.name in ("C64", "C128"):
             raise corrupt("a factor has a dtype factors cannot have")
-        if (type(size) is not int or size < 0) if not linked else "size" in f:
+        # A linked factor is an object of its own: its size is that object's, not here.
+        malformed = "size" in f if linked else type(size) is not int or size < 0
+        if malformed:
             raise corrupt("a factor is malformed")
         factors.append((known, f_shape, size))
     fits = matrix_shape(kind, [f[1] for f in factors], shape, transpose, broadcast)
