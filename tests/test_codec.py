@@ -513,6 +513,20 @@ def test_a_grouped_object_decodes_only_with_a_context_of_its_size() -> None:
         codec.decode(plain, context=b"wxyz")
 
 
+def test_a_grouped_plane_larger_than_a_chunk_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reordering holds a plane twice: a hostile object's one giant chunk must not."""
+    monkeypatch.setattr(codec, "CHUNK_WORDS", 300_000)  # one chunk, as a writer never makes
+    old, new = fine_tune(300_000)
+    obj = b"".join(codec.encode(zigzag(old, new, 4), codec.Layout(4), context=old))
+    assert any(m & codec.GROUPED for m in methods(obj))
+    monkeypatch.setattr(codec, "GROUP_MAX_WORDS", 299_999)
+    with pytest.raises(ObjectCorruptError) as info:
+        codec.decode(obj, context=old)
+    assert str(info.value) == (
+        "content object has a grouped plane of 300,000 words, more than the 299,999 of a chunk"
+    )
+
+
 GROUPED_SAMPLE = fine_tune(6000)
 GROUPED_SAMPLE_OBJECT = b"".join(
     codec.encode(zigzag(*GROUPED_SAMPLE, 4), codec.Layout(4), context=GROUPED_SAMPLE[0])

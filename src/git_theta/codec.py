@@ -52,6 +52,9 @@ CHUNK_WORDS = 1 << 20
 RAW, ZSTD, HUFFMAN = 0, 1, 2
 GROUPED = 0x80  # method flag: the plane is in its context's key order
 GROUP_MIN = 4096  # bytes: a smaller plane would save tens of bytes for a second encode
+# Words a grouped plane may hold: what a writer makes (one chunk). Reordering keeps a
+# plane and its reordered copy, so a hostile object's single giant chunk is refused.
+GROUP_MAX_WORDS = CHUNK_WORDS
 # Grouping is tried (a second encode of the plane, and a reorder at every decode) only
 # where a sample says it saves this share of the plane's entropy (plus a floor): a change
 # proportional to the weight (multiplicative noise) does not depend on the exponent and
@@ -226,7 +229,7 @@ def _group_gain(plane: bytes | memoryview, context: bytes | memoryview, word: in
 def _grouping_odds(plane: bytes | memoryview, context: bytes | memoryview, word: int) -> float:
     """The share of the plane's sample entropy grouping saves, less a floor (0 for a
     plane too small to try)."""
-    if len(plane) < GROUP_MIN:
+    if not GROUP_MIN <= len(plane) <= GROUP_MAX_WORDS:
         return 0.0
     bits = _entropy_bits(plane)
     if bits > 7.995:  # random (a mantissa's low byte): nothing to gain, skip the estimate
@@ -415,6 +418,11 @@ def _decode_chunk(
             if word == 1 or context is None:
                 raise ObjectCorruptError(
                     "content object is grouped by a previous value, and it was read without one"
+                )
+            if len(out) // word > GROUP_MAX_WORDS:
+                raise ObjectCorruptError(
+                    f"content object has a grouped plane of {len(out) // word:,} words, "
+                    f"more than the {GROUP_MAX_WORDS:,} of a chunk"
                 )
             grouped.append(k)
         rows.append(_unpack_plane(method & ~GROUPED, view[pos : pos + n], len(out) // word))
