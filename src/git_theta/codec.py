@@ -240,6 +240,7 @@ def _grouping_odds(plane: bytes | memoryview, context: bytes | memoryview, word:
 def _group(
     planes: Sequence[bytes | memoryview], context: bytes | memoryview, word: int, forward: bool
 ) -> list[bytes]:
+    """Return each plane in grouped order (``forward``) or back in natural order."""
     if kernels.native is not None:
         grouped: list[bytes] = kernels.native.group(planes, context, word, forward)
         return grouped
