@@ -38,3 +38,35 @@ def test_an_add_right_after_a_commit_cleans_the_rewritten_file(repo: Path) -> No
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert git(repo, "diff", "--cached", "--name-only").stdout == b"m.safetensors\n"
+
+
+def test_a_forced_add_stores_only_what_its_manifest_refers_to(repo: Path) -> None:
+    """Putting the staged entry back to HEAD's runs no clean of its own (git reset's
+    refresh did: a second encode of the file, objects nothing refers to)."""
+    import json
+
+    from conftest import lfs_objects
+
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((64, 64)).astype(np.float32)
+    path = repo / "m.safetensors"
+    path.write_bytes(st_from_arrays({"w": w, "v": w[:8].copy()}))
+    git(repo, "add", "m.safetensors")
+    git(repo, "commit", "-q", "-m", "base")
+    w[:, :3] += 1.0
+    path.write_bytes(st_from_arrays({"w": w, "v": w[:8].copy()}))
+    git(repo, "add", "m.safetensors")  # auto's choice staged
+    w[:, 5:9] -= 1.0  # and changed again since
+    path.write_bytes(st_from_arrays({"w": w, "v": w[:8].copy()}))
+    before = lfs_objects(repo)
+    done = subprocess.run(
+        ["git", "theta", "add", "--update-type", "dense", "m.safetensors"],
+        cwd=repo, capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    manifest = json.loads(git(repo, "show", ":m.safetensors").stdout)
+    referenced = {manifest["glue"]["oid"]} | {
+        link["oid"] for entry in manifest["tensors"].values() for link in entry["chain"]
+    }
+    new = lfs_objects(repo) - before
+    assert new and new <= referenced
