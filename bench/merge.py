@@ -2,11 +2,12 @@
 
 Every tensor is changed on both sides (two full fine-tunes of one base). Measured, medians
 of ``--runs`` runs, each from the same state (merge undone, its objects deleted):
-- `git merge` with GIT_THETA_MERGE_STRATEGY=average and =ties (density 0.5), wall time
-  and the largest single process's peak RSS;
+- `git merge` with GIT_THETA_MERGE_STRATEGY=average and =ties (density 0.5), wall time,
+  CPU time (user + system of every process it ran: steadier than wall time on a shared
+  machine) and the largest single process's peak RSS;
 - `git checkout` of one version (the file deleted first), the yardstick;
 - mergekit (`mergekit-yaml`, linear and ties, same weights) on the same three versions as
-  model directories, wall time and peak RSS;
+  model directories, wall time, CPU time and peak RSS;
 - a merge of two disjoint sparse fine-tunes (each changes 1% of the elements of its own
   six tensors and of one shared tensor, disjoint within it): no strategy set, and how many
   tensors the merge decoded (the merged manifest's records).
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import sys
 import tempfile
@@ -29,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from run import (
     FILE,
     Array,
+    Ran,
     gpt2_small,
     hermetic_env,
     log,
@@ -68,6 +71,16 @@ def sparse_tune(
     return out
 
 
+def timed(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[Ran, float]:
+    """Run ``argv`` (watched for peak RSS); return it and the CPU seconds (user + system)
+    of the processes it ran: on a shared machine wall time says as much about the other
+    processes as about us."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    ran = run(argv, cwd, env, watch=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ran, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
 def peak(ran_peaks: dict[str, float]) -> float:
     return max(ran_peaks.values(), default=0.0)
 
@@ -101,30 +114,34 @@ def setup_repo(
 
 def time_merge(
     repo: Path, env: dict[str, str], runs: int, extra: dict[str, str]
-) -> tuple[list[float], list[float], dict[str, object]]:
+) -> tuple[list[float], list[float], dict[str, object], list[float]]:
     head = run(["git", "rev-parse", "HEAD"], repo, env).stdout.strip()
     before = objects(repo)
-    times, peaks = [], []
+    times, peaks, cpus = [], [], []
     manifest: dict[str, object] = {}
     for _ in range(runs):
-        ran = run(["git", "merge", "-q", "--no-edit", "left"], repo, {**env, **extra}, watch=True)
+        ran, cpu = timed(["git", "merge", "-q", "--no-edit", "left"], repo, {**env, **extra})
         times.append(ran.seconds)
         peaks.append(peak(ran.peaks))
+        cpus.append(cpu)
         manifest = json.loads(run(["git", "cat-file", "blob", f"HEAD:{FILE}"], repo, env).stdout)
         run(["git", "reset", "-q", "--hard", head], repo, env)
         for path in objects(repo) - before:
             path.unlink()
-    return times, peaks, manifest
+    return times, peaks, manifest, cpus
 
 
-def time_checkout(repo: Path, env: dict[str, str], runs: int) -> tuple[list[float], list[float]]:
-    times, peaks = [], []
+def time_checkout(
+    repo: Path, env: dict[str, str], runs: int
+) -> tuple[list[float], list[float], list[float]]:
+    times, peaks, cpus = [], [], []
     for _ in range(runs):
         (repo / FILE).unlink()
-        ran = run(["git", "checkout", "--", FILE], repo, env, watch=True)
+        ran, cpu = timed(["git", "checkout", "--", FILE], repo, env)
         times.append(ran.seconds)
         peaks.append(peak(ran.peaks))
-    return times, peaks
+        cpus.append(cpu)
+    return times, peaks, cpus
 
 
 GPT2_CONFIG = {
@@ -135,7 +152,7 @@ GPT2_CONFIG = {
 
 def mergekit(
     work: Path, env: dict[str, str], versions: list[dict[str, Array]], runs: int
-) -> dict[str, tuple[list[float], list[float]]]:
+) -> dict[str, tuple[list[float], list[float], list[float]]]:
     dirs = []
     for label, values in zip(("base", "ours", "theirs"), versions, strict=True):
         d = work / "mk" / label
@@ -161,18 +178,18 @@ def mergekit(
     for name, config in configs.items():
         path = work / "mk" / f"{name}.yml"
         path.write_text(json.dumps(config))  # YAML is a superset of JSON
-        times, peaks = [], []
+        times, peaks, cpus = [], [], []
         for i in range(runs):
             dest = work / "mk" / f"out-{name}-{i}"
-            ran = run(
+            ran, cpu = timed(
                 ["mergekit-yaml", str(path), str(dest), "--no-lazy-unpickle"],
                 work,
                 {**env, "HF_HUB_OFFLINE": "1"},
-                watch=True,
             )
             times.append(ran.seconds)
             peaks.append(peak(ran.peaks))
-        out[name] = (times, peaks)
+            cpus.append(cpu)
+        out[name] = (times, peaks, cpus)
     return out
 
 
@@ -196,13 +213,21 @@ def main() -> int:
         log("full fine-tunes: setting up")
         repo = setup_repo(work, env, "full", versions)
         rows = []
-        checkout, checkout_peaks = time_checkout(repo, env, args.runs)
-        rows.append(("`git checkout` of one version", med(checkout), max(checkout_peaks), ""))
+        checkout, checkout_peaks, checkout_cpu = time_checkout(repo, env, args.runs)
+        rows.append(
+            (
+                "`git checkout` of one version",
+                med(checkout),
+                max(checkout_peaks),
+                med(checkout_cpu),
+                "",
+            )
+        )
         results: dict[str, float] = {}
         for strategy, params in (("average", ""), ("ties", "density=0.5")):
             log(f"git merge, {strategy}")
             extra = {"GIT_THETA_MERGE_STRATEGY": strategy, "GIT_THETA_MERGE_PARAMS": params}
-            times, peaks, manifest = time_merge(repo, env, args.runs, extra)
+            times, peaks, manifest, cpus = time_merge(repo, env, args.runs, extra)
             tensors = manifest["tensors"]
             assert isinstance(tensors, dict)
             merged = sum(1 for e in tensors.values() if "merge" in e)
@@ -212,16 +237,18 @@ def main() -> int:
                     f"`git merge`, {strategy}",
                     med(times),
                     max(peaks),
+                    med(cpus),
                     f"{merged}/{len(tensors)} tensors merged",
                 )
             )
         mk = {} if args.no_mergekit else mergekit(work, env, versions, args.runs)
-        for name, (times, peaks) in mk.items():
+        for name, (times, peaks, cpus) in mk.items():
             rows.append(
                 (
                     f"mergekit-yaml, {'linear' if name == 'average' else 'ties'}",
                     med(times),
                     max(peaks),
+                    med(cpus),
                     "",
                 )
             )
@@ -231,7 +258,7 @@ def main() -> int:
         left, right = names[:6], names[-6:]
         sparse = [base, sparse_tune(base, rng, right, 1), sparse_tune(base, rng, left, 0)]
         srepo = setup_repo(work, env, "sparse", sparse)
-        times, peaks, manifest = time_merge(srepo, env, args.runs, {})
+        times, peaks, manifest, cpus = time_merge(srepo, env, args.runs, {})
         tensors = manifest["tensors"]
         assert isinstance(tensors, dict)
         decoded = [n for n, e in tensors.items() if "merge" in e]
@@ -240,6 +267,7 @@ def main() -> int:
                 "`git merge`, disjoint sparse, no strategy",
                 med(times),
                 max(peaks),
+                med(cpus),
                 f"decoded {len(decoded)} of {len(tensors)} tensors ({', '.join(decoded)})",
             )
         )
@@ -247,12 +275,17 @@ def main() -> int:
         sys.stdout.write(
             f"GPT-2-small FP32 (124M parameters, {total:.0f} MB; largest tensor "
             f"{largest / MB:.0f} MB), medians of {args.runs} runs\n\n"
-            "| operation | time (s) | x checkout | peak RSS (MB) | note |\n|---|---|---|---|---|\n"
+            "| operation | time (s) | x checkout | CPU (s) | CPU x checkout | peak RSS (MB) "
+            "| note |\n|---|---|---|---|---|---|---|\n"
         )
-        for label, seconds, rss, note in rows:
+        for label, seconds, rss, cpu, note in rows:
             ratio = seconds / med(checkout)
+            cpu_ratio = cpu / med(checkout_cpu)
             rss_s = f"{rss:.0f}" if rss is not None else ""
-            sys.stdout.write(f"| {label} | {seconds:.2f} | {ratio:.2f}x | {rss_s} | {note} |\n")
+            sys.stdout.write(
+                f"| {label} | {seconds:.2f} | {ratio:.2f}x | {cpu:.2f} | {cpu_ratio:.2f}x "
+                f"| {rss_s} | {note} |\n"
+            )
         sys.stdout.write(
             f"\nmemory target: 300 MB + 4 x {largest / MB:.0f} MB = "
             f"{300 + 4 * largest / MB:.0f} MB\n"

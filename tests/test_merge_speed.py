@@ -168,3 +168,28 @@ def test_a_tensor_taken_from_theirs_is_decoded_once_for_the_check_and_the_checko
     for name, value in {**theirs, "b": base["b"] * np.float32(2)}.items():
         np.testing.assert_array_equal(got[name], value, err_msg=name)
     assert not list((Path(store.own) / "merged").iterdir())
+
+
+def test_a_streamed_value_is_left_only_when_every_piece_passed(repo: Path) -> None:
+    from git_theta import merged_values
+
+    store = Repo(str(repo)).store
+    merged_values.sweep(store)
+    kept = Path(store.own) / "merged"
+
+    def pieces(fail: bool):  # type: ignore[no-untyped-def]
+        yield b"ab"
+        yield b"cd"
+        if fail:
+            raise ThetaError("rebuilt bytes do not match")
+
+    with pytest.raises(ThetaError, match="do not match"):
+        for _ in merged_values.keep_pieces(store, "f" * 64, 4, pieces(True)):
+            pass
+    early = merged_values.keep_pieces(store, "e" * 64, 4, pieces(False))
+    assert next(early) == b"ab"
+    early.close()  # the consumer stopped: nothing is left
+    assert sorted(kept.iterdir()) == []
+    assert list(merged_values.keep_pieces(store, "d" * 64, 4, pieces(False))) == [b"ab", b"cd"]
+    assert [p.name for p in kept.iterdir()] == ["d" * 64]
+    assert (kept / ("d" * 64)).read_bytes() == b"abcd"

@@ -74,8 +74,9 @@ def keep_pieces(
 
         with contextlib.suppress(OSError, ThetaError):
             os.makedirs(_dir(store), exist_ok=True)
-            writer = AtomicWriter(os.path.join(_dir(store), hash_))
-            fh = writer.__enter__()
+            opening = AtomicWriter(os.path.join(_dir(store), hash_))
+            fh = opening.__enter__()
+            writer = opening  # only once it is open
     done = False
     try:
         for piece in pieces:
@@ -83,7 +84,8 @@ def keep_pieces(
                 try:
                     fh.write(piece)
                 except OSError:
-                    writer.__exit__(_Abandoned, _Abandoned(), None)
+                    with contextlib.suppress(OSError, ThetaError):
+                        writer.__exit__(_Abandoned, _Abandoned(), None)
                     writer = None
             yield piece
         done = True
