@@ -193,6 +193,13 @@ def test_fixtures_cover_every_kind_of_object() -> None:
     assert any(h.length == 0 for h in heads.values())
     assert any(VALUES[n]["encode"]["level"] == 9 for n in VALUES)  # glue as clean stores it
     assert {m["update"] for m in UPDATE_FIXTURES.values()} == {"sparse", "delta", "low-rank", "ia3"}
+    grouped = [  # a delta's plane ordered by the previous value's exponent (method bit 7)
+        name
+        for name, meta in UPDATE_FIXTURES.items()
+        if meta["update"] == "delta"
+        and any(m & 0x80 for row in parse_object(load(name, meta)).methods for m in row)
+    ]
+    assert grouped
     assert FUTURE
     total = sum(p.stat().st_size for p in OBJECTS.iterdir())
     assert total < 256 << 10  # fixtures stay small
