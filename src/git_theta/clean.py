@@ -43,24 +43,18 @@ class _Reader:
         self._source = source
         self.offset = 0
 
-    def read(self, n: int) -> bytearray | memoryview:
+    def read(self, n: int) -> bytearray:
         """Return exactly ``n`` bytes; raise CheckpointError when the file ends first.
 
-        A source that holds the bytes in memory already (the API's save: the caller's
-        tensors) lends a read-only view of them: no copy, no fresh pages. Otherwise the
-        buffer is reserved, not touched, before the bytes arrive, so a header claiming
-        a huge tensor uses no memory: it fails as truncated. A claim too large even to
-        reserve (or, without the C kernel, anything over 64 MB, as a plain bytearray is
+        The bytes are always copied into a buffer of clean's own, even when the source
+        holds them in memory (the API's save: the caller's tensors): they are hashed at
+        one moment and encoded later on worker threads, so memory someone else may
+        change meanwhile would store a value other than the one hashed. The buffer is
+        reserved, not touched, before the bytes arrive, so a header claiming a huge
+        tensor uses no memory: it fails as truncated. A claim too large even to reserve
+        (or, without the C kernel, anything over 64 MB, as a plain bytearray is
         zero-filled at once) is read in steps, growing with what arrives.
         """
-        lend = getattr(self._source, "lend", None)
-        if lend is not None and len(self._head) < n:
-            # The peeked head came from the same memory: lent again, not copied.
-            view: memoryview | None = lend(n, len(self._head))
-            if view is not None:
-                self._head = b""
-                self.offset += n
-                return view
         if n > _STEP and kernels.native is None:  # bytearray(n) would zero-fill all n now
             return self._read_in_steps(n)
         try:
@@ -107,7 +101,7 @@ class _Reader:
 class _Job:
     __slots__ = ("data", "span")
 
-    def __init__(self, span: TensorSpan, data: bytearray | memoryview):
+    def __init__(self, span: TensorSpan, data: bytearray):
         self.span = span
         self.data = data
 
@@ -206,7 +200,7 @@ def _clean_spans(
     are ``glue``), write the manifest and return it."""
     layout: list[int | str] = []
 
-    def add_glue(data: bytes | bytearray | memoryview) -> None:
+    def add_glue(data: bytes | bytearray) -> None:
         if not data:
             return
         glue.extend(data)

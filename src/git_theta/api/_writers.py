@@ -89,27 +89,6 @@ class PartsSource:
             self._tee.write(out[:done])
         return done
 
-    def lend(self, n: int, back: int = 0) -> memoryview | None:
-        """The next ``n`` bytes, starting ``back`` bytes before the position (bytes the
-        caller read already and lends again), as a read-only view of the caller's memory
-        when one part holds them all (a whole tensor: clean hashes and encodes it there,
-        no copy); None otherwise (then ``readinto``)."""
-        if self._index >= len(self._parts) or back > self._pos:
-            return None
-        part = self._parts[self._index]
-        start = self._pos - back
-        if len(part) - start < n:
-            return None
-        view = part[start : start + n].toreadonly()
-        self._pos = start + n
-        if self._pos == len(part):
-            self._parts[self._index] = memoryview(b"")  # clean holds what it still needs
-            self._index += 1
-            self._pos = 0
-        if self._tee is not None:
-            self._tee.write(view[back:])
-        return view
-
     def read(self, n: int = -1) -> bytes:
         if n < 0:
             n = sum(len(p) for p in self._parts[self._index :]) - self._pos
