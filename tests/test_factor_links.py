@@ -382,7 +382,7 @@ def test_every_chain_is_folded_by_chains_apply_links() -> None:
     import git_theta
 
     root = Path(git_theta.__file__).parent
-    applying = re.compile(r"\.(apply|apply_with|summary)\(")
+    applying = re.compile(r"\.(apply|apply_with|summary|summary_with)\(")
     found = {
         str(p.relative_to(root))
         for p in root.rglob("*.py")

@@ -265,6 +265,24 @@ def rebuild(
     return value
 
 
+def summarize_step(links: tuple[Link, ...], store: ObjectStore, limit: int | None) -> str:
+    """What the update of ``links`` (one step: its operand links, then the update) says
+    about the change (``UpdateType.summary_with``); "" when it says nothing. Operands are
+    read as ``apply_links`` reads them: no more than an update can take.
+
+    Raises a ThetaError when a link cannot be read."""
+    *operand_links, link = links
+    if len(operand_links) > MAX_OPERANDS or any(
+        ln.update != OPERAND_UPDATE for ln in operand_links
+    ):
+        raise ObjectCorruptError(
+            f"more than {MAX_OPERANDS} factor objects in a row; no update takes that many"
+        )
+    plugin = plugin_for(link)
+    operands = [store.get(ln.ref) for ln in operand_links]
+    return plugin.summary_with(store.get(link.ref), operands, limit)
+
+
 def apply_links(
     value: bytearray | None,
     links: tuple[Link, ...],

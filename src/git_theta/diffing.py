@@ -37,6 +37,8 @@ from git_theta.store import ObjectStore
 if TYPE_CHECKING:  # NumPy is imported where values are compared, not at start-up
     import numpy as np
 
+    from git_theta.smudge import Expansion
+
 
 @dataclass(frozen=True)
 class TensorSide:
@@ -214,7 +216,9 @@ def _deflated_sides(
     return out
 
 
-def _manifest_members(manifest: Manifest, store: ObjectStore) -> dict[str, TensorSide]:
+def _manifest_members(
+    manifest: Manifest, store: ObjectStore, account: Expansion | None
+) -> dict[str, TensorSide]:
     """The deflated members of an npz manifest, read from its glue object (none when that
     object is not local or the glue's place in the file is not known)."""
     if manifest.format != "npz" or not store.has(manifest.glue.ref):
@@ -224,7 +228,8 @@ def _manifest_members(manifest: Manifest, store: ObjectStore) -> dict[str, Tenso
         return {}
     from git_theta.smudge import check_expansion, read_glue
 
-    check_expansion(manifest)  # a small glue object claiming a huge glue: a bomb, as in smudge
+    # A small glue object claiming a huge glue: a bomb, as in smudge.
+    check_expansion(manifest, account)
     glue = read_glue(manifest, store)
     view = _GlueView(glue, pieces, manifest.size)
 
@@ -243,11 +248,15 @@ def merge_text(entry: TensorEntry) -> str:
     return " ".join([entry.merge.strategy, *(f"{k}={v}" for k, v in entry.merge.params)])
 
 
-def from_manifest(manifest: Manifest | None, store: ObjectStore) -> dict[str, TensorSide]:
-    """Describe every tensor of ``manifest`` (empty for None), deflated npz members too."""
+def from_manifest(
+    manifest: Manifest | None, store: ObjectStore, account: Expansion | None = None
+) -> dict[str, TensorSide]:
+    """Describe every tensor of ``manifest`` (empty for None), deflated npz members too
+    (their glue counted against the expansion cap in ``account``: the process's, unless
+    given; an API call, serving one request of a long-lived process, gives its own)."""
     if manifest is None:
         return {}
-    out = _manifest_members(manifest, store)
+    out = _manifest_members(manifest, store, account)
     for name, entry in manifest.tensors.items():
         present = all(store.has(link.ref) for link in entry.chain)
 
@@ -258,7 +267,7 @@ def from_manifest(manifest: Manifest | None, store: ObjectStore) -> dict[str, Te
             entry.dtype,
             entry.shape,
             entry.hash,
-            "+".join(ln.update for ln in entry.chain if ln.update != OPERAND_UPDATE),
+            chain_label(entry.chain),
             frozenset((link.ref.oid, link.ref.size) for link in entry.chain),
             load if present else None,
             entry.chain,
@@ -315,19 +324,22 @@ def from_file(
     return out
 
 
+def chain_label(chain: tuple[Link, ...]) -> str:
+    """How a tensor is stored, for reports: its update types in order ("dense+sparse"),
+    operand links left out (a low-rank step is one step)."""
+    return "+".join(ln.update for ln in chain if ln.update != OPERAND_UPDATE)
+
+
 def _update_summary(old: TensorSide, new: TensorSide) -> str:
     """What the stored update itself says, when ``new`` is ``old`` plus one update."""
-    from git_theta.updates import UPDATES
-
     cut = chains.last_step(new.links) if new.links else 0
     if new.store is None or not old.links or new.links[:cut] != old.links:
         return ""
-    link, store = new.links[-1], new.store
+    store = new.store
     if not all(store.has(ln.ref) for ln in new.links[cut:]):
         return ""
     try:
-        operands = [store.get(ln.ref) for ln in new.links[cut:-1]]  # factors it takes
-        return UPDATES.get(link.update).summary_with(store.get(link.ref), operands, new.limit)
+        return chains.summarize_step(new.links[cut:], store, new.limit)
     except ThetaError:
         return ""
 

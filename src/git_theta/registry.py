@@ -55,7 +55,18 @@ class Registry(Generic[T]):
 
         for ep in entry_points(group=self.group):
             if ep.name not in self._plugins and ep.name not in self._lazy:
-                self._plugins[ep.name] = ep.load()()
+                try:
+                    self._plugins[ep.name] = ep.load()()
+                except Exception as exc:  # a third party's package: any fault
+                    # One broken package must not stop every checkout: it is left out,
+                    # and a request for its key says what exists.
+                    import sys
+
+                    sys.stderr.write(
+                        f"git-theta: warning: {self.kind} plugin {ep.name!r} ({ep.value}) "
+                        f"does not load ({exc}): ignored; reinstall or uninstall the "
+                        "package that provides it\n"
+                    )
         self._scanned = True
 
     def get(self, key: str) -> T:

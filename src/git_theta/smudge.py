@@ -236,13 +236,14 @@ def write_checkpoint(
     glue = read_glue(manifest, store)
     names = [item for item in manifest.layout if isinstance(item, str)]
     progress = Progress(f"checking out {path}", manifest.size, len(names), show_progress)
-    from git_theta.updates import UPDATES
-
     # Load the update types this file needs before the workers start: an import (NumPy's
-    # takes 0.12 s) holds the GIL and would stall every worker mid-tensor.
-    for key in sorted({link.update for e in manifest.tensors.values() for link in e.chain}):
+    # takes 0.12 s) holds the GIL and would stall every worker mid-tensor. Through
+    # chains.plugin_for, as the rebuild asks: operand links are no registered type, and
+    # asking the registry for one would scan every installed plugin.
+    kinds = {link.update: link for e in manifest.tensors.values() for link in e.chain}
+    for key in sorted(kinds):
         with contextlib.suppress(ThetaError):  # unknown: the rebuild names the tensor
-            UPDATES.get(key)
+            chains.plugin_for(kinds[key])
 
     unrebuilt: set[str] = set()
     from git_theta import merged_values

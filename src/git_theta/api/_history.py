@@ -64,6 +64,9 @@ def revisions(
     args = ["log", "--format=%H%x00%cI%x00%s", "--no-renames", "--end-of-options", rev]
     log = git.git(*args, "--", path, cwd=top).decode(errors="replace")
     store = Repo(top).store
+    from git_theta.smudge import Expansion
+
+    account = Expansion()  # this call's, as one git command's: not the process's
     out: list[Revision] = []
     for line in log.splitlines():
         commit, date, subject = line.split("\0", 2)
@@ -72,7 +75,10 @@ def revisions(
         old = _manifest_at(top, parents[1].decode(), path) if len(parents) > 1 else None
         only = None if tensor is None else (lambda n: n == tensor)
         report = diffing.compare(
-            path, diffing.from_manifest(old, store), diffing.from_manifest(new, store), only
+            path,
+            diffing.from_manifest(old, store, account),
+            diffing.from_manifest(new, store, account),
+            only,
         )
         changes = {
             d.name: TensorChange(
@@ -93,7 +99,7 @@ def revisions(
                 if name not in changes and (tensor is None or name == tensor):
                     import math
 
-                    update = "+".join(link.update for link in entry.chain)
+                    update = diffing.chain_label(entry.chain)
                     changes[name] = TensorChange(
                         name, "unchanged", math.prod(entry.shape), 0, update=update
                     )
