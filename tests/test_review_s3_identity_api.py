@@ -103,40 +103,37 @@ def test_a_hostile_manifest_of_one_common_hash_does_not_cost_every_look_up_of_it
 def test_a_terminated_forced_add_leaves_no_index_lock(repo: Path) -> None:
     """ce15bbc locks the index (``index.lock``) for the whole of `git theta add
     --update-type`, and removes the lock in a ``finally``: SIGTERM (``timeout``, a CI
-    job cancelled, ``git`` forwarding its own signal) or SIGHUP (the terminal closed)
-    ends Python without running it, so ``.git/index.lock`` (and ``index.theta``) stay and
-    every later git command fails with "index.lock: File exists" until the user deletes
-    it. git's own lockfiles are removed on these signals; before ce15bbc no lock was
-    taken at all. The lock must not outlive the process that took it."""
-    import os
+    job cancelled) or SIGHUP (the terminal closed) ended Python without running it, so
+    ``.git/index.lock`` stayed and every later git command failed until the user deleted
+    it. The signal is sent at the worst moment, deterministically: by the process itself,
+    while the lock is held and `git add` is about to run."""
     import signal
     import subprocess
     import sys
-    import time
 
     from conftest import git
     from st_files import st_from_arrays
 
-    rng = np.random.default_rng(7)
-    weights = {f"l{i}": rng.standard_normal((1024, 1024)).astype(np.float32) for i in range(12)}
-    (repo / "model.safetensors").write_bytes(st_from_arrays(weights))
+    w = np.arange(64, dtype=np.float32)
+    (repo / "model.safetensors").write_bytes(st_from_arrays({"w": w}))
     git(repo, "add", "model.safetensors")
     git(repo, "commit", "-q", "-m", "v1")
-    for w in weights.values():
-        w[::7] += np.float32(1e-3)
-    (repo / "model.safetensors").write_bytes(st_from_arrays(weights))
-    lock = repo / ".git" / "index.lock"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "git_theta", "add", "model.safetensors", "--update-type", "dense"],
-        cwd=repo, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    deadline = time.monotonic() + 60
-    while not lock.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.002)
-    assert lock.exists(), "the add ended before it could be interrupted"
-    time.sleep(0.05)  # git add (its child) is cleaning meanwhile
-    os.kill(proc.pid, signal.SIGTERM)
-    proc.wait(timeout=60)
-    time.sleep(2)  # the orphaned git add may still be writing the copy
-    assert not lock.exists()
+    w[3] += 1
+    (repo / "model.safetensors").write_bytes(st_from_arrays({"w": w}))
+    script = (
+        "import os, signal, sys\n"
+        "from git_theta.commands import add\n"
+        "def terminated(*argv, env=None):\n"
+        "    assert os.path.exists(os.path.join('.git', 'index.lock'))\n"
+        "    os.kill(os.getpid(), getattr(signal, sys.argv[1]))\n"
+        "add.run_attached = terminated\n"
+        "from git_theta.commands.cli import main\n"
+        "sys.exit(main(['add', 'model.safetensors', '--update-type', 'dense']))\n"
+    )
+    for name in ("SIGTERM", "SIGHUP"):
+        done = subprocess.run(
+            [sys.executable, "-c", script, name], cwd=repo, capture_output=True, text=True
+        )
+        assert done.returncode == 128 + getattr(signal, name), done.stderr
+        assert sorted(p.name for p in (repo / ".git").glob("index*")) == ["index"]
     git(repo, "add", "model.safetensors")  # git works again

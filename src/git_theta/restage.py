@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import threading
 from collections.abc import Iterator
+from typing import Any
 
 from git_theta import git
 from git_theta.errors import ThetaError, UsageError
@@ -49,6 +52,7 @@ def private_index() -> Iterator[str]:
     os.close(fd)
     copy = index + ".theta"
     given = os.environ.get(INDEX_ENV)
+    handlers = _exit_on_signals()
     try:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(copy)  # left by a killed run
@@ -78,6 +82,27 @@ def private_index() -> Iterator[str]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(copy)
         os.unlink(lock)
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+
+
+def _exit(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)  # as a shell reports it; the finally blocks run
+
+
+def _exit_on_signals() -> dict[int, Any]:
+    """Make SIGTERM and SIGHUP (a CI job cancelled, `timeout`, the terminal closed) end
+    this process through its finally blocks, as Ctrl-C does, so the index lock does not
+    outlive it (git removes its own lock files on them too); return the handlers to put
+    back. A signal the caller ignores (nohup) stays ignored; only the main thread can."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    handlers: dict[int, Any] = {}
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        previous = signal.getsignal(signum)
+        if previous is not signal.SIG_IGN:
+            handlers[signum] = signal.signal(signum, _exit)
+    return handlers
 
 
 def _theta_paths(paths: list[str]) -> list[str]:
