@@ -130,3 +130,31 @@ def test_the_prefilter_finds_every_tensor_of_what_to_bytes_writes(
         assert unparsed.with_hash(entry.hash) == ["m" * 40], name
     assert unparsed.with_name("a.weigh") == [] and unparsed.with_name("weight") == []
     assert unparsed.with_name("héll") == [] and unparsed.with_name('q"') == []
+
+
+def test_a_hash_repeated_in_one_blob_is_indexed_once_for_it() -> None:
+    """The prefilter's index of hashes (built on the first look-up, kept for the process)
+    holds each blob once per hash it contains: a manifest repeating one hash 20,000 times
+    must not leave 20,000 references to itself behind."""
+    import tracemalloc
+
+    from git_theta.identity import INDEX, Blob, Known
+    from git_theta.manifest import parse
+
+    common = "c" * 64
+    link = (Link("dense", "zstd", ObjectRef("0" * 64, 9)),)
+    tensors = {f"t{i}": TensorEntry("F32", (768,), common, link) for i in range(20_000)}
+    hostile = Manifest("safetensors", 8 + 3072 * len(tensors),
+                       Glue("1" * 64, ObjectRef("2" * 64, 8)), (8, *sorted(tensors)),
+                       tensors).to_bytes()  # fmt: skip
+    known = Known(blobs=lambda near: [Blob(INDEX, "h.safetensors", "h" * 40, hostile)],
+                  parse=lambda oid, data: parse(data))  # fmt: skip
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        # Another hash: the blob is scanned, not admitted (it does not hold it).
+        assert known.same_content("d" * 64, "F32", 3072, "x.safetensors") == []
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kept < 32 << 10  # was 20,000 list slots (160 KB) for the one common hash

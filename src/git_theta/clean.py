@@ -292,8 +292,10 @@ def _clean_spans(
             """Whether the entry rebuilds to its recorded hash from local objects."""
             return rebuilds(cand.name, cand.entry, size)
 
-        cands = known.same_content(digest, job.span.dtype, size, path, load=not own)
-        for cand in cands[:IDENTITY_TRIES]:
+        cands = known.same_content(
+            digest, job.span.dtype, size, path, load=not own, limit=IDENTITY_TRIES
+        )
+        for cand in cands:
             chain = cand.entry.chain
             if bounded(chain, size) and reusable(chain) and known.checked(cand, verify):
                 return chain

@@ -42,6 +42,8 @@ from git_theta.manifest import Link, Manifest, TensorEntry, tensor_nbytes
 
 # Sources, in order of preference (lower first).
 WRITTEN, INDEX, HEAD = 0, 1, 2
+# Candidates ``same_content`` returns unless told otherwise (clean tries as many).
+SAME_CONTENT_MAX = 4
 
 
 class Candidate(NamedTuple):
@@ -104,7 +106,9 @@ class _Unparsed:
         found: dict[bytes, list[str]] = {}
         for oid, text in data.items():
             for key in pattern.findall(text):
-                found.setdefault(key, []).append(oid)
+                oids = found.setdefault(key, [])
+                if not oids or oids[-1] != oid:  # once per blob, however often it says it
+                    oids.append(oid)
         return found
 
     def with_hash(self, digest: str) -> list[str]:
@@ -159,7 +163,11 @@ class Known:
         self._loaded = False
         # (path, source) -> manifest; this process's writes replace the index's view.
         self._manifests: dict[tuple[str, int], Manifest] = {}
-        self._by_hash: dict[tuple[str, str], list[tuple[int, str, str]]] = {}
+        # (hash, dtype, byte size or None) -> (source, path) -> its names, sorted: a
+        # look-up takes the few it needs from each file, in order, whatever a manifest
+        # claims (60,000 entries of one common hash cost their indexing once, not each
+        # look-up of that hash). Files are bounded by identity's caps; names are not.
+        self._by_hash: dict[tuple[str, str, int | None], dict[tuple[int, str], list[str]]] = {}
         self._by_name: dict[str, list[tuple[int, str]]] = {}
         self._verified: set[tuple[str, tuple[Link, ...]]] = set()
         self._refused: set[tuple[str, tuple[Link, ...]]] = set()  # checked and wrong
@@ -192,14 +200,30 @@ class Known:
         if key in self._manifests:
             return
         self._manifests[key] = manifest
+        names: dict[tuple[str, str, int | None], list[str]] = {}
         for name, entry in manifest.tensors.items():
-            self._by_hash.setdefault((entry.hash, entry.dtype), []).append((source, path, name))
+            content = (entry.hash, entry.dtype, tensor_nbytes(entry.dtype, entry.shape))
+            names.setdefault(content, []).append(name)
             self._by_name.setdefault(name, []).append((source, path))
+        for content, listed in names.items():
+            listed.sort()
+            self._by_hash.setdefault(content, {})[(source, path)] = listed
+
+    def _unindex(self, source: int, path: str) -> None:
+        """Forget the manifest of ``path`` from ``source`` (rewritten by this process)."""
+        manifest = self._manifests.pop((path, source), None)
+        if manifest is None:
+            return
+        for entry in manifest.tensors.values():
+            content = (entry.hash, entry.dtype, tensor_nbytes(entry.dtype, entry.shape))
+            files = self._by_hash.get(content)
+            if files is not None:
+                files.pop((source, path), None)
 
     def written(self, path: str, manifest: Manifest) -> None:
         """Record a manifest this process wrote for ``path`` (its chains are trusted)."""
         with self._lock:
-            self._manifests.pop((path, WRITTEN), None)
+            self._unindex(WRITTEN, path)
             self._index(WRITTEN, path, manifest)
 
     @property
@@ -223,27 +247,51 @@ class Known:
         return out
 
     def same_content(
-        self, digest: str, dtype: str, nbytes: int, path: str, load: bool = True
+        self,
+        digest: str,
+        dtype: str,
+        nbytes: int,
+        path: str,
+        load: bool = True,
+        limit: int = SAME_CONTENT_MAX,
     ) -> list[Candidate]:
-        """Return the known entries holding exactly these ``nbytes`` bytes (blake3
-        ``digest``, ``dtype``), preferred first; the index and HEAD are read first if
-        ``load``. An entry whose shape says another size cannot hold them: a committed
-        manifest may claim a common hash (a zero bias) with a huge shape, and rebuilding
-        that to check it would cost what the shape says."""
+        """Return the (at most ``limit``) known entries holding exactly these ``nbytes``
+        bytes (blake3 ``digest``, ``dtype``), preferred first; the index and HEAD are read
+        first if ``load``. An entry whose shape says another size cannot hold them: a
+        committed manifest may claim a common hash (a zero bias) with a huge shape, and
+        rebuilding that to check it would cost what the shape says. The work is bounded
+        by ``limit`` per file holding the hash, not by how many entries claim it."""
         if load:
             self._ensure(path)
+        near = posixpath.dirname(path)
         with self._lock:
             if self._unparsed is not None:  # read by an earlier look-up even if not now
                 self._admit(self._unparsed.with_hash(digest))
-            found = dict.fromkeys(self._by_hash.get((digest, dtype), ()))
-            cands = self._candidates(found, posixpath.dirname(path), path)
-        # A path written twice keeps its first tensors' keys: check what they hold now.
-        return [
-            c
-            for c in cands
-            if (c.entry.hash, c.entry.dtype) == (digest, dtype)
-            and tensor_nbytes(dtype, c.entry.shape) in (nbytes, None)
-        ]
+            files: dict[tuple[int, str], list[list[str]]] = {}
+            for size in (nbytes, None):  # an opaque dtype's size only its object knows
+                for where, names in self._by_hash.get((digest, dtype, size), {}).items():
+                    files.setdefault(where, []).append(names)
+            out: list[Candidate] = []
+            for (source, other), lists in sorted(
+                files.items(), key=lambda item: _rank(item[0][1], item[0][0], near)
+            ):
+                if len(out) >= limit:
+                    break
+                if other == path and source != WRITTEN:
+                    continue  # the path's own staged manifest: the caller looked there first
+                manifest = self._manifests.get((other, source))
+                if manifest is None:
+                    continue
+                picked: list[Candidate] = []
+                for names in lists:
+                    for name in names[:limit]:
+                        entry = manifest.tensors.get(name)
+                        if entry is not None and (entry.hash, entry.dtype) == (digest, dtype):
+                            picked.append(Candidate(_rank(other, source, near), other, name,
+                                                    entry, source == WRITTEN))  # fmt: skip
+                picked.sort(key=lambda c: c.name)
+                out.extend(picked)
+        return out[:limit]
 
     def previous(
         self, name: str, dtype: str, shape: tuple[int, ...], path: str
