@@ -24,6 +24,7 @@ from typing import Any
 
 from git_theta import git
 from git_theta.errors import ThetaError, UsageError
+from git_theta.files import TempFile
 
 INDEX_ENV = "GIT_INDEX_FILE"
 
@@ -50,37 +51,35 @@ def private_index() -> Iterator[str]:
             "finish, then try again (if none is, remove that file)"
         ) from None
     os.close(fd)
-    copy = index + ".theta"
     given = os.environ.get(INDEX_ENV)
     handlers = _exit_on_signals()
     try:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(copy)  # left by a killed run
-        # No index yet: git starts one. "x": never through a name that exists.
-        with (
-            contextlib.suppress(FileNotFoundError),
-            open(index, "rb") as src,
-            open(copy, "xb") as dst,
-        ):
-            while chunk := src.read(1 << 20):
-                dst.write(chunk)
-            # The index's own mtime: git trusts an entry's stat data only when the file
-            # changed after the index was written (racy git); a fresh mtime on the copy
-            # made a file rewritten in the second of the last commit look unchanged.
-            dst.flush()
-            st = os.fstat(src.fileno())
-            os.utime(dst.fileno(), ns=(st.st_atime_ns, st.st_mtime_ns))
-        os.environ[INDEX_ENV] = copy
-        yield copy
-        if os.path.exists(copy):
-            os.replace(copy, index)  # as git's own lock-and-rename does
+        with TempFile(os.path.dirname(index), "index.theta-") as copy:
+            try:
+                src = open(index, "rb")  # noqa: SIM115 - closed below; absent is normal
+            except FileNotFoundError:  # no index yet: git starts one at the copy's name
+                os.unlink(copy.name, dir_fd=copy.dir_fd)
+            else:
+                with src:
+                    while chunk := src.read(1 << 20):
+                        copy.file.write(chunk)
+                    # The index's own mtime: git trusts an entry's stat data only when the
+                    # file changed after the index was written (racy git); a fresh mtime
+                    # on the copy made a file rewritten in the second of the last commit
+                    # look unchanged.
+                    copy.file.flush()
+                    st = os.fstat(src.fileno())
+                    os.utime(copy.file.fileno(), ns=(st.st_atime_ns, st.st_mtime_ns))
+            os.environ[INDEX_ENV] = copy.path
+            yield copy.path
+            # git wrote the copy by its own lock-and-rename: the name is what counts
+            if os.path.lexists(copy.path):
+                copy.commit(index)
     finally:
         if given is None:
             os.environ.pop(INDEX_ENV, None)
         else:
             os.environ[INDEX_ENV] = given
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(copy)
         os.unlink(lock)
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
