@@ -359,11 +359,17 @@ def _on_base_chain(
     of one base that both changed every element store ~0.8x each: on ours' chain the
     merged value would need two such updates, past a fresh value."""
     from git_theta.chains import MAX_CHAIN, steps
+    from git_theta.manifest import MAX_LINKS
     from git_theta.updates import UPDATES
     from git_theta.updates.base import CLEAR_WIN
 
     first = base.chain[0]
-    if first.update != "dense" or steps(base.chain) >= MAX_CHAIN or len(base_value) != len(data):
+    if (
+        first.update != "dense"
+        or steps(base.chain) >= MAX_CHAIN
+        or len(base.chain) + 1 > MAX_LINKS  # factor links count as links: a manifest's cap
+        or len(base_value) != len(data)
+    ):
         return None
     estimate = first.ref.size
 
