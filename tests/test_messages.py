@@ -90,6 +90,10 @@ KINDS: dict[str, tuple[str, str]] = {
         "core.hooksPath points outside the repository",
         "chain git-theta's hook there yourself, as the line says",
     ),
+    "IndexBusyError": (
+        "another git command holds the index lock (`git theta add --update-type`)",
+        "let it finish, then run the command again; remove the lock only if none runs",
+    ),
     "UnsafeFileError": (
         "a path is a symlink, FIFO or device, or leaves the repository",
         "replace it with a regular file",
