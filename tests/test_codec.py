@@ -382,7 +382,8 @@ def test_c_kernel_and_numpy_group_planes_alike(word: int, count: int, data: st.D
 @given(
     word=st.sampled_from([2, 4, 8]),
     n=st.integers(0, 5000),
-    step=st.integers(1, 7),
+    # A step past the plane (up to one that overflowed the C count) samples byte 0 only.
+    step=st.one_of(st.integers(1, 7), st.integers(5000, 2**63 - 1)),
     related=st.booleans(),
     seed=st.integers(0, 2**32 - 1),
 )
@@ -486,6 +487,50 @@ def test_grouping_is_kept_only_where_it_is_smaller(
     )
     assert len(with_context) <= len(encode(z.tobytes(), codec.Layout(word)))
     assert bytes(codec.decode(with_context, context=context.tobytes())) == z.tobytes()
+
+
+def test_an_object_is_version_3_exactly_when_a_plane_is_grouped() -> None:
+    """A reader from before grouped planes refuses version 3 as written by a newer
+    git-theta; every object without one stays version 1, byte for byte as before."""
+    old, new = fine_tune(200_000)
+    z = zigzag(old, new, 4)
+    obj = b"".join(codec.encode(z, codec.Layout(4), context=old))
+    assert any(m & codec.GROUPED for m in methods(obj))
+    assert obj[4] == 3
+    assert b"".join(codec.encode_stream(z, codec.Layout(4), context=old)) == obj
+    assert bytes(codec.decode(obj, context=old)) == z
+    assert bytes(codec.decode(obj[:4] + b"\x01" + obj[5:], context=old)) == z  # as first written
+    with pytest.raises(ObjectCorruptError, match="version 2 was written by a newer git-theta"):
+        codec.decode(obj[:4] + b"\x02" + obj[5:], context=old)
+    assert encode(z, codec.Layout(4))[4] == 1
+    rng = np.random.default_rng(9)  # with a context but nothing grouped: version 1
+    prev = (rng.standard_normal(200_000) * 0.02).astype(np.float32)
+    noisy = (prev * (1 + 1e-3 * rng.standard_normal(prev.size))).astype(np.float32)
+    z = zigzag(prev.tobytes(), noisy.tobytes(), 4)
+    ungrouped = b"".join(codec.encode(z, codec.Layout(4), context=prev.tobytes()))
+    assert ungrouped == encode(z, codec.Layout(4))
+
+
+def test_a_periodic_plane_is_kept_in_natural_order_when_that_is_smaller(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A plane the sample is sure about (grouped only, no natural-order encode) whose
+    natural order repeats: grouping breaks the repeats zstd finds, the probe sees them."""
+    rng = np.random.default_rng(3)
+    n = 1 << 18  # a plane of GROUP_SURE_MIN bytes, one chunk
+    top = np.tile(rng.integers(0, 200, 2048, dtype=np.uint8), n // 2048)
+    context = np.zeros((n, 4), np.uint8)
+    context[:, 3], context[:, 2] = top >> 5, rng.integers(0, 2, n, dtype=np.uint8) << 7
+    z = np.zeros((n, 4), np.uint8)
+    z[:, 3] = top
+    assert codec._grouping_odds(top.tobytes(), context.tobytes(), 4) >= codec.GROUP_SURE_SHARE
+    plain = encode(z.tobytes(), codec.Layout(4))
+    for native in (True, False):
+        if not native:
+            monkeypatch.setattr(kernels, "native", None)
+        obj = b"".join(codec.encode(z.tobytes(), codec.Layout(4), context=context.tobytes()))
+        assert obj == plain  # nothing grouped: version 1, the same bytes
+        assert len(obj) < 20_000
 
 
 def test_a_grouped_object_decodes_only_with_a_context_of_its_size() -> None:

@@ -1148,6 +1148,9 @@ static PyObject *group_gain(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "context is not one word per plane byte, or step < 1");
         goto done;
     }
+    /* A step past the plane samples its first byte only (as the NumPy twin's slice
+     * does): clamped, so (len + step - 1) cannot overflow. */
+    if (step > plane.len) step = plane.len > 0 ? plane.len : 1;
     const unsigned char *p = plane.buf, *ctx = context.buf;
     double gain = 0.0;
     Py_BEGIN_ALLOW_THREADS

@@ -1,4 +1,4 @@
-"""A tensor's bytes <-> a compact, self-describing content object (format version 1).
+"""A tensor's bytes <-> a compact, self-describing content object (format versions 1, 3).
 
 Floats are stored as byte planes: each word is rotated left by one bit so the exponent
 fills the top byte and the sign joins the low mantissa byte; then byte k of every word is
@@ -8,7 +8,8 @@ raw or zstd'd. This measured 0.819x on MiniLM FP32 and 0.665x on BF16 (docs/benc
 
 Object layout (little-endian)::
 
-    b"GTHO" | version u8 = 1 | word u8 | flags u8 (bit0 = rotated) | reserved u8
+    b"GTHO" | version u8 (1, or 3 with a grouped plane) | word u8 | flags u8 (bit0 =
+    rotated) | reserved u8
     raw length u64 | words per chunk u32
     per chunk, per plane: method u8 | payload length u32 | payload
 
@@ -20,7 +21,10 @@ stably, by the top byte of the rotated word of a context the reader already has 
 delta's previous value: the byte is its exponent). A bit-pattern change's size follows
 the old value's exponent, so grouped high planes are far more skewed and compress ~30%
 better (a full fine-tune at lr 2e-5 stored 4.5% less). Such an object decodes only with
-its context; an older reader refuses the method.
+its context. An object holding a grouped plane is written as version 3, so a reader from
+before the method says it needs a newer git-theta instead of calling it corrupt (version
+2 is what the golden fixtures use for "newer", as for manifests); this reader also takes
+version-1 objects with grouped planes, as the first writer of the method stored them.
 """
 
 from __future__ import annotations
@@ -44,7 +48,9 @@ if TYPE_CHECKING:
 
 
 MAGIC = b"GTHO"
-VERSION = 1
+VERSION = 1  # an object without grouped planes: byte for byte what every reader takes
+VERSION_GROUPED = 3  # an object with one: readers from before GROUPED refuse it as newer
+VERSIONS = frozenset({VERSION, VERSION_GROUPED})
 _HEAD = struct.Struct("<4sBBBBQI")
 _PLANE = struct.Struct("<BI")
 CHUNK_WORDS = 1 << 20
@@ -65,6 +71,11 @@ GROUP_MIN_SHARE, GROUP_MIN_GAIN = 0.01, 0.002
 # to compare: on the fine-tune of docs/benchmarks.md every such plane came out 2-78%
 # smaller, and the second Huffman encode doubled a delta's encode time.
 GROUP_SURE_SHARE, GROUP_SURE_MIN = 0.15, 1 << 18
+# ... unless a probe of the natural order (a few contiguous spans, coded) says it may come
+# out within this factor of the grouped result: the sample's histograms do not see what
+# a coder finds in the natural order beyond them (repeats zstd matches, runs), which
+# grouping breaks up (a periodic plane: 4 KB in natural order, 560 KB grouped).
+GROUP_PROBE_SPANS, GROUP_PROBE_MARGIN = 4, 1.05
 _SAMPLE = 1 << 16  # bytes sampled to pick a plane's method
 _UINT = {1: "<u1", 2: "<u2", 4: "<u4", 8: "<u8"}
 
@@ -197,6 +208,7 @@ def _group_gain_numpy(
     """NumPy version of ``_planes.group_gain`` (the same double: the same sums in order)."""
     import numpy as np
 
+    step = min(step, max(len(plane), 1))  # as the C kernel clamps it (the same sample)
     grid = np.frombuffer(context, dtype=np.uint8).reshape(-1, word)[::step]
     key = ((grid[:, word - 1].astype(np.int64) << 1) | (grid[:, word - 2] >> 7)) & 0xFF
     data = np.frombuffer(plane, dtype=np.uint8)[::step]
@@ -326,9 +338,20 @@ def _join_into(out: memoryview, planes: Sequence[bytes | memoryview], layout: La
         _join_numpy(out, planes, layout)
 
 
+def _natural_estimate(row: bytes | memoryview, level: int) -> int:
+    """Bytes ``row`` in natural order may code to: GROUP_PROBE_SPANS evenly spaced
+    contiguous spans of it (_SAMPLE bytes in all) coded as a plane, scaled to its length."""
+    span = _SAMPLE // GROUP_PROBE_SPANS
+    gap = len(row) // GROUP_PROBE_SPANS
+    probe = b"".join(row[k * gap : k * gap + span] for k in range(GROUP_PROBE_SPANS))
+    _, payload = _pack_plane(probe, level)
+    return len(payload) * len(row) // max(len(probe), 1)
+
+
 def _encode_chunk(
     chunk: memoryview, layout: Layout, level: int, context: memoryview | None = None
-) -> bytes:
+) -> tuple[bytes, bool]:
+    """Return the chunk's planes (headers and payloads) and whether any is grouped."""
     rows: list[bytes | memoryview] = [chunk] if layout.word == 1 else [*_split(chunk, layout)]
     odds = [0.0] * len(rows)
     if context is not None and layout.word > 1:
@@ -345,10 +368,18 @@ def _encode_chunk(
             packed.append(_pack_plane(row, level))
             continue
         # A plane the sample says grouping helps is encoded grouped, and unless the
-        # sample is sure, in natural order too: the smaller is kept.
+        # sample is sure and a probe of the natural order agrees, in natural order too:
+        # the smaller is kept.
         method, payload = _pack_plane(grouped[k], level)
         choice = (RAW, row) if method == RAW else (method | GROUPED, payload)
-        if odds[k] < GROUP_SURE_SHARE or len(row) < GROUP_SURE_MIN:
+        sure = odds[k] >= GROUP_SURE_SHARE and len(row) >= GROUP_SURE_MIN
+        if (
+            method != RAW
+            and sure
+            and _natural_estimate(row, level) < len(payload) * GROUP_PROBE_MARGIN
+        ):
+            sure = False
+        if not sure:
             natural = _pack_plane(row, level)
             choice = natural if len(natural[1]) <= len(choice[1]) else choice
         packed.append(choice)
@@ -356,7 +387,7 @@ def _encode_chunk(
     for method, payload in packed:
         parts.append(_PLANE.pack(method, len(payload)))
         parts.append(payload)
-    return b"".join(parts)
+    return b"".join(parts), any(method & GROUPED for method, _ in packed)
 
 
 def encode_stream(
@@ -370,7 +401,9 @@ def encode_stream(
 
     With ``pool``, chunks are encoded in parallel; only a few are held at a time. With
     ``context`` (as long as ``data``: a delta's previous value), planes may be stored
-    grouped by it; the object then decodes only with the same context.
+    grouped by it; the object then decodes only with the same context, and its header
+    (whose version says whether a plane is grouped) comes after every chunk is encoded,
+    so the whole object is held before the first part is yielded.
     """
     view = memoryview(data).cast("B")
     if layout.word > 1 and len(view) % layout.word:
@@ -379,15 +412,28 @@ def encode_stream(
     if ctx is not None and len(ctx) != len(view):
         raise ValueError("the context is not as long as the data")
     chunk_bytes = CHUNK_WORDS * layout.word
-    yield _HEAD.pack(MAGIC, VERSION, layout.word, int(layout.rotate), 0, len(view), CHUNK_WORDS)
     starts = range(0, len(view), chunk_bytes)
     use = pool if len(view) > chunk_bytes else None
 
-    def one(start: int) -> bytes:
+    def head(version: int) -> bytes:
+        return _HEAD.pack(
+            MAGIC, version, layout.word, int(layout.rotate), 0, len(view), CHUNK_WORDS
+        )
+
+    def one(start: int) -> tuple[bytes, bool]:
         part = None if ctx is None else ctx[start : start + chunk_bytes]
         return _encode_chunk(view[start : start + chunk_bytes], layout, level, part)
 
-    yield from pipelined(one, iter(starts), use)
+    coded = pipelined(one, iter(starts), use)
+    if ctx is None:  # nothing can be grouped: stream it
+        yield head(VERSION)
+        for body, _ in coded:
+            yield body
+        return
+    bodies = list(coded)
+    yield head(VERSION_GROUPED if any(grouped for _, grouped in bodies) else VERSION)
+    for body, _ in bodies:
+        yield body
 
 
 def encode(
@@ -454,7 +500,7 @@ def _parse_head(head: bytes | memoryview, limit: int | None) -> tuple[Layout, in
     magic, version, word, flags, _, length, chunk_words = _HEAD.unpack_from(head)
     if magic != MAGIC:
         raise ObjectCorruptError("not a git-theta content object")
-    if version != VERSION:
+    if version not in VERSIONS:
         raise ObjectCorruptError(
             f"content object version {version} was written by a newer git-theta: upgrade"
         )
