@@ -373,12 +373,8 @@ def _encode_chunk(
         method, payload = _pack_plane(grouped[k], level)
         choice = (RAW, row) if method == RAW else (method | GROUPED, payload)
         sure = odds[k] >= GROUP_SURE_SHARE and len(row) >= GROUP_SURE_MIN
-        if (
-            method != RAW
-            and sure
-            and _natural_estimate(row, level) < len(payload) * GROUP_PROBE_MARGIN
-        ):
-            sure = False
+        if sure and _natural_estimate(row, level) < len(choice[1]) * GROUP_PROBE_MARGIN:
+            sure = False  # the natural order may code as small: encode it to compare
         if not sure:
             natural = _pack_plane(row, level)
             choice = natural if len(natural[1]) <= len(choice[1]) else choice
