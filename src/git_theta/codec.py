@@ -392,6 +392,7 @@ def encode_stream(
     level: int = 1,
     pool: Pool | None = None,
     context: bytes | bytearray | memoryview | None = None,
+    chunk_of: Callable[[int, int], bytes | bytearray | memoryview] | None = None,
 ) -> Iterator[bytes]:
     """Yield the content object for ``data`` part by part (deterministic for equal input).
 
@@ -399,7 +400,10 @@ def encode_stream(
     ``context`` (as long as ``data``: a delta's previous value), planes may be stored
     grouped by it; the object then decodes only with the same context, and its header
     (whose version says whether a plane is grouped) comes after every chunk is encoded,
-    so the whole object is held before the first part is yielded.
+    so the whole object is held before the first part is yielded. With ``chunk_of``,
+    the bytes encoded are not ``data``'s but ``chunk_of(start, end)`` for each chunk's
+    span of it, made on demand by the worker (a delta's zigzag difference: never whole
+    in memory, a tensor's size less at the peak of an add).
     """
     view = memoryview(data).cast("B")
     if layout.word > 1 and len(view) % layout.word:
@@ -418,7 +422,11 @@ def encode_stream(
 
     def one(start: int) -> tuple[bytes, bool]:
         part = None if ctx is None else ctx[start : start + chunk_bytes]
-        return _encode_chunk(view[start : start + chunk_bytes], layout, level, part)
+        end = min(start + chunk_bytes, len(view))
+        raw = view[start:end] if chunk_of is None else chunk_of(start, end)
+        if len(raw) != end - start:
+            raise ValueError("chunk_of gave a chunk of the wrong length")
+        return _encode_chunk(memoryview(raw).cast("B"), layout, level, part)
 
     coded = pipelined(one, iter(starts), use)
     if ctx is None:  # nothing can be grouped: stream it
@@ -438,10 +446,11 @@ def encode(
     level: int = 1,
     pool: Pool | None = None,
     context: bytes | bytearray | memoryview | None = None,
+    chunk_of: Callable[[int, int], bytes | bytearray | memoryview] | None = None,
 ) -> list[bytes]:
     """Return the content object for ``data`` as a list of parts to concatenate (see
-    ``encode_stream`` for ``context``)."""
-    return list(encode_stream(data, layout, level, pool, context))
+    ``encode_stream`` for ``context`` and ``chunk_of``)."""
+    return list(encode_stream(data, layout, level, pool, context, chunk_of))
 
 
 def _decode_chunk(

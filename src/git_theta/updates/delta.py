@@ -63,11 +63,23 @@ class Delta(UpdateType):
         if prev is None or len(prev) != len(new):
             return None
         size = _size(dtype)
-        if kernels.native is not None:
-            z: bytes = kernels.native.zigzag(new, prev, size)
-        else:
-            z = _zigzag(new, prev, size).tobytes()
-        return codec.encode(z, codec.Layout(size), pool=chunk_pool(), context=prev)
+        native = kernels.native
+        if len(new) % size:
+            return None  # not whole elements of dtype: no difference to take
+        new_view, prev_view = memoryview(new).cast("B"), memoryview(prev).cast("B")
+
+        def zigzag(start: int, end: int) -> bytes:
+            # One chunk's difference at a time, on the encoding worker: the whole
+            # difference (a tensor's size) is never held beside the new and old values.
+            a, b = new_view[start:end], prev_view[start:end]
+            if native is not None:
+                out: bytes = native.zigzag(a, b, size)
+                return out
+            return _zigzag(a, b, size).tobytes()
+
+        return codec.encode(
+            new, codec.Layout(size), pool=chunk_pool(), context=prev, chunk_of=zigzag
+        )
 
     def apply(
         self, prev: bytearray | None, payload: Payload, dtype: str, limit: int | None = None
