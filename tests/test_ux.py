@@ -642,6 +642,8 @@ def test_an_interrupted_forced_add_leaves_the_index_as_it_was(
         assert os.path.basename(env["GIT_INDEX_FILE"]).startswith("index.theta-")
         assert git(repo, "ls-files", "-s").stdout == head  # our git calls: the copy
         assert index.read_bytes() == before
+        with open(env["GIT_INDEX_FILE"] + ".lock", "x"):  # as a git add killed mid-way
+            pass
         raise KeyboardInterrupt
 
     original = add_command.run_attached

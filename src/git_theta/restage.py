@@ -71,10 +71,14 @@ def private_index() -> Iterator[str]:
                     st = os.fstat(src.fileno())
                     os.utime(copy.file.fileno(), ns=(st.st_atime_ns, st.st_mtime_ns))
             os.environ[INDEX_ENV] = copy.path
-            yield copy.path
-            # git wrote the copy by its own lock-and-rename: the name is what counts
-            if os.path.lexists(copy.path):
-                copy.commit(index)
+            try:
+                yield copy.path
+                # git wrote the copy by its own lock-and-rename: the name is what counts
+                if os.path.lexists(copy.path):
+                    copy.commit(index)
+            finally:  # a git add killed with us (subprocess kills it) leaves its lock
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(copy.name + ".lock", dir_fd=copy.dir_fd)
     finally:
         if given is None:
             os.environ.pop(INDEX_ENV, None)
