@@ -122,6 +122,9 @@ def test_a_terminated_forced_add_leaves_no_index_lock(repo: Path) -> None:
     (repo / "model.safetensors").write_bytes(st_from_arrays({"w": w}))
     script = (
         "import os, signal, sys\n"
+        # as in a terminal: a test run under nohup would otherwise ignore SIGHUP
+        "signal.signal(signal.SIGHUP, signal.SIG_DFL)\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_DFL)\n"
         "from git_theta.commands import add\n"
         "def terminated(*argv, env=None):\n"
         "    assert os.path.exists(os.path.join('.git', 'index.lock'))\n"
