@@ -84,7 +84,8 @@ def private_index() -> Iterator[str]:
             os.environ.pop(INDEX_ENV, None)
         else:
             os.environ[INDEX_ENV] = given
-        os.unlink(lock)
+        with contextlib.suppress(FileNotFoundError):  # removed by hand meanwhile
+            os.unlink(lock)
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
 
