@@ -57,7 +57,7 @@ class Registry(Generic[T]):
             if ep.name not in self._plugins and ep.name not in self._lazy:
                 try:
                     self._plugins[ep.name] = ep.load()()
-                except Exception as exc:  # a third party's package: any fault
+                except (Exception, SystemExit) as exc:  # a third party's: any fault
                     # One broken package must not stop every checkout: it is left out,
                     # and a request for its key says what exists.
                     import sys

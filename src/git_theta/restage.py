@@ -43,55 +43,93 @@ def private_index() -> Iterator[str]:
     """
     index = os.path.abspath(os.fsdecode(git.git("rev-parse", "--git-path", "index").strip()))
     lock = index + ".lock"
+    # SIGTERM and SIGHUP wait while the lock is taken and while it is released: one
+    # arriving in between would end the process with the lock left, and every later git
+    # command would fail. In the main thread only (where Python runs handlers).
+    held = threading.current_thread() is threading.main_thread()
+    if held:
+        signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+    terminated = False
     try:
-        fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    except FileExistsError:
-        raise IndexBusyError(
-            f"{lock} exists: another git command is running in this repository; let it "
-            "finish, then try again (if none is, remove that file)"
-        ) from None
-    os.close(fd)
-    given = os.environ.get(INDEX_ENV)
-    handlers = _exit_on_signals()
-    try:
-        with TempFile(os.path.dirname(index), "index.theta-") as copy:
+        try:
+            fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            raise IndexBusyError(
+                f"{lock} exists: another git command is running in this repository; let "
+                "it finish, then try again (if none is, remove that file)"
+            ) from None
+        os.close(fd)
+        handlers = _exit_on_signals() if held else {}
+        given = os.environ.get(INDEX_ENV)
+        try:
+            if held:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
+            with TempFile(os.path.dirname(index), "index.theta-") as copy:
+                _copy_index(index, copy)
+                os.environ[INDEX_ENV] = copy.path
+                try:
+                    yield copy.path
+                    # git wrote the copy by its own lock-and-rename: the name is what counts
+                    if os.path.lexists(copy.path):
+                        copy.commit(index)
+                finally:  # a git add killed with us (subprocess kills it) leaves its lock
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(copy.name + ".lock", dir_fd=copy.dir_fd)
+        except _Terminated:
+            terminated = True
+            raise
+        finally:
             try:
-                src = open(index, "rb")  # noqa: SIM115 - closed below; absent is normal
-            except FileNotFoundError:  # no index yet: git starts one at the copy's name
-                os.unlink(copy.name, dir_fd=copy.dir_fd)
-            else:
-                with src:
-                    while chunk := src.read(1 << 20):
-                        copy.file.write(chunk)
-                    # The index's own mtime: git trusts an entry's stat data only when the
-                    # file changed after the index was written (racy git); a fresh mtime
-                    # on the copy made a file rewritten in the second of the last commit
-                    # look unchanged.
-                    copy.file.flush()
-                    st = os.fstat(src.fileno())
-                    os.utime(copy.file.fileno(), ns=(st.st_atime_ns, st.st_mtime_ns))
-            os.environ[INDEX_ENV] = copy.path
-            try:
-                yield copy.path
-                # git wrote the copy by its own lock-and-rename: the name is what counts
-                if os.path.lexists(copy.path):
-                    copy.commit(index)
-            finally:  # a git add killed with us (subprocess kills it) leaves its lock
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(copy.name + ".lock", dir_fd=copy.dir_fd)
+                if held:  # the handler blocked them already when it ran
+                    signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+            finally:
+                if given is None:
+                    os.environ.pop(INDEX_ENV, None)
+                else:
+                    os.environ[INDEX_ENV] = given
+                with contextlib.suppress(FileNotFoundError):  # removed by hand meanwhile
+                    os.unlink(lock)
+                for signum, handler in handlers.items():
+                    signal.signal(signum, handler)
     finally:
-        if given is None:
-            os.environ.pop(INDEX_ENV, None)
-        else:
-            os.environ[INDEX_ENV] = given
-        with contextlib.suppress(FileNotFoundError):  # removed by hand meanwhile
-            os.unlink(lock)
-        for signum, handler in handlers.items():
-            signal.signal(signum, handler)
+        if held:
+            # Already ending for one: a second changes nothing (no sigtimedwait on macOS:
+            # there a second one ends the process by its default action, the lock gone).
+            if terminated and hasattr(signal, "sigtimedwait"):
+                while signal.sigtimedwait(_SIGNALS, 0) is not None:
+                    pass
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
+
+
+def _copy_index(index: str, copy: TempFile) -> None:
+    """Write ``index``'s bytes to ``copy`` with the index's own mtime: git trusts an
+    entry's stat data only when the file changed after the index was written (racy git),
+    and a fresh mtime on the copy made a file rewritten in the second of the last commit
+    look unchanged. No index yet: the copy is removed, and git starts one at its name."""
+    try:
+        src = open(index, "rb")  # noqa: SIM115 - closed below; absent is normal
+    except FileNotFoundError:
+        os.unlink(copy.name, dir_fd=copy.dir_fd)
+        return
+    with src:
+        while chunk := src.read(1 << 20):
+            copy.file.write(chunk)
+        copy.file.flush()
+        st = os.fstat(src.fileno())
+        os.utime(copy.file.fileno(), ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class _Terminated(SystemExit):
+    """SIGTERM or SIGHUP arrived: the process ends, through its finally blocks."""
 
 
 def _exit(signum: int, _frame: object) -> None:
-    raise SystemExit(128 + signum)  # as a shell reports it; the finally blocks run
+    # Blocked from here on: a second signal must not cut the clean-up short.
+    signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+    raise _Terminated(128 + signum)  # as a shell reports it
 
 
 def _exit_on_signals() -> dict[int, Any]:
