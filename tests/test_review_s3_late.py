@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 
 def test_a_second_signal_during_the_forced_adds_cleanup_leaves_no_index_lock(
@@ -54,7 +55,7 @@ def test_a_second_signal_during_the_forced_adds_cleanup_leaves_no_index_lock(
 
 
 def test_a_plugin_that_exits_on_import_is_left_out_too(
-    tmp_path: Path, monkeypatch, capsys
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """9a349e5 leaves out a plugin that does not load, with one warning, catching
     ``Exception``; a third-party module that refuses to import with ``sys.exit(...)``
@@ -64,8 +65,6 @@ def test_a_plugin_that_exits_on_import_is_left_out_too(
     SystemExit from ``ep.load()`` should be treated as a load failure (KeyboardInterrupt
     still propagating)."""
     import sys
-
-    import pytest
 
     from git_theta.errors import UnknownPluginError
     from git_theta.registry import Registry
