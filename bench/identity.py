@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
+from api import new_repo
 from run import hermetic_env, log, remove_workdir
 from run import run as run_cmd
 
@@ -83,20 +84,6 @@ def new_file() -> bytes:
         f"new.{i}.weight": rng.standard_normal((256, 256), dtype=np.float32) for i in range(20)
     }
     return save(arrays)
-
-
-def new_repo(work: Path, name: str, env: dict[str, str], lfs: bool) -> Path:
-    repo = work / name
-    repo.mkdir()
-    run_cmd(["git", "init", "-q"], repo, env)
-    if lfs:
-        run_cmd(["git", "lfs", "install", "--local"], repo, env)
-        run_cmd(["git", "lfs", "track", "*.safetensors"], repo, env)
-    else:
-        run_cmd(["git", "theta", "track", "*.safetensors"], repo, env)
-    run_cmd(["git", "add", ".gitattributes"], repo, env)
-    run_cmd(["git", "commit", "-q", "-m", "track"], repo, env)
-    return repo
 
 
 def time_add(repo: Path, env: dict[str, str], data: bytes) -> float:
