@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import git, sha256
 from st_files import st_from_arrays
-from test_merge import M, arrays, branches, digest, read_st
+from test_merge import M, arrays, branches, digest, read_st, save_commit
 
 from git_theta.commands.cli import main
 from git_theta.errors import ThetaError
@@ -225,16 +225,11 @@ def test_real_minilm_average_is_the_float32_mean_rounded_once(
         n: (v * (1 + rng.standard_normal(v.shape) * 1e-3)).astype(v.dtype) for n, v in base.items()
     }
 
-    def save(values: dict[str, np.ndarray], message: str) -> None:
-        (repo / M).write_bytes(st_from_arrays(values))
-        git(repo, "add", M)
-        git(repo, "commit", "-q", "-m", message)
-
-    save(base, "base")
+    save_commit(repo, base, "base")
     git(repo, "checkout", "-q", "-b", "left")
-    save(left, "left")
+    save_commit(repo, left, "left")
     git(repo, "checkout", "-q", "main")
-    save(right, "right")
+    save_commit(repo, right, "right")
     monkeypatch.setenv("GIT_THETA_MERGE_STRATEGY", "average")
     git(repo, "merge", "-q", "--no-edit", "left")
     got = read_st(repo / M)
@@ -262,16 +257,11 @@ def test_tensors_left_in_conflict_do_not_keep_their_values_in_memory(repo: Path)
     left = {n: v + np.float32(1) for n, v in base.items()}
     right = {n: v + np.float32(2) for n, v in base.items()}
 
-    def save(values: dict[str, np.ndarray], message: str) -> None:
-        (repo / M).write_bytes(st_from_arrays(values))
-        git(repo, "add", M)
-        git(repo, "commit", "-q", "-m", message)
-
-    save(base, "base")
+    save_commit(repo, base, "base")
     git(repo, "checkout", "-q", "-b", "left")
-    save(left, "left")
+    save_commit(repo, left, "left")
     git(repo, "checkout", "-q", "main")
-    save(right, "right")
+    save_commit(repo, right, "right")
     b, o, t = (parse(git(repo, "cat-file", "blob", f"{r}:{M}").stdout)
                for r in ("main^", "main", "left"))  # fmt: skip
     handle = Repo(str(repo))
