@@ -38,7 +38,8 @@ lint: setup
 # path an install without a C compiler takes, which the README promises works.
 NUMPY_SUITES := tests/test_codec.py tests/test_updates.py tests/test_factored.py \
 	tests/test_clean_errors.py tests/test_golden.py tests/test_golden_objects.py \
-	tests/test_golden_manifests.py tests/test_fuzz.py tests/test_hostile_objects.py
+	tests/test_golden_manifests.py tests/test_fuzz.py tests/test_hostile_objects.py \
+	tests/test_merge_strategies.py
 
 # Two workers: a test spends most of its time in git and git-lfs processes, and each
 # test has its own HOME and repositories (conftest.py), so they do not share state.

@@ -1,8 +1,8 @@
-"""Builds the optional C kernel for the codec and installs the git-theta command;
+"""Builds the optional C kernels (codec, merges) and installs the git-theta command;
 everything else is in pyproject.toml.
 
-The kernel is optional: without a C compiler the install still succeeds and the codec
-uses its NumPy code path (same bytes, slower).
+The kernels (the codec's, the merge step's) are optional: without a C compiler the
+install still succeeds and each uses its NumPy code path (same bytes, slower).
 
 The command is a shell script (bin/git-theta) rather than an entry point's generated
 wrapper, so that its interpreter starts with -E -P (see git_theta/interpreter.py); it
@@ -21,6 +21,16 @@ setup(
             extra_compile_args=["-O3", "-ffp-contract=off"],
             libraries=["m"],
             optional=True,
-        )
+        ),
+        Extension(
+            "git_theta._merge",
+            ["src/git_theta/_merge.c"],
+            # The merge step must round exactly like its NumPy definition: no fused
+            # multiply-add either. No trapping math: lets GCC vectorise the branch-free
+            # selects (no exception flags are read; values are unchanged).
+            extra_compile_args=["-O3", "-ffp-contract=off", "-fno-trapping-math"],
+            libraries=["m"],
+            optional=True,
+        ),
     ]
 )

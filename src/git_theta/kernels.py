@@ -4,7 +4,9 @@
 that has a fast path asks it here, at call time: None means the NumPy definition runs,
 which gives the same bytes. It is None when the kernel was not built (no C compiler at
 install time) or when ``GIT_THETA_KERNELS=numpy`` asks for the NumPy side, as CI does to
-keep the path an install without a compiler takes tested.
+keep the path an install without a compiler takes tested. ``merge`` is the merge step's
+kernel (``_merge``), chosen the same way on first use (the filter never merges, so its
+start does not load it).
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ ENV = "GIT_THETA_KERNELS"
 CHOICES = ("native", "numpy")
 
 
-def choose() -> ModuleType | None:
-    """Return the kernel the environment asks for (the C one when it is built).
+def choose(name: str = "_planes") -> ModuleType | None:
+    """Return C kernel module ``name`` of git_theta when the environment asks for the
+    native kernels and it is built, else None.
 
     Raises UsageError for a value other than native or numpy."""
     wanted = os.environ.get(ENV, "").strip().lower()
@@ -27,11 +30,21 @@ def choose() -> ModuleType | None:
         raise UsageError(f"{ENV}={wanted!r}: use native or numpy")
     if wanted == "numpy":
         return None
+    import importlib
+
     try:
-        from git_theta import _planes
+        return importlib.import_module(f"git_theta.{name}")
     except ImportError:  # pragma: no cover - depends on the install
         return None
-    return _planes
 
 
 native: ModuleType | None = choose()
+
+
+def __getattr__(name: str) -> ModuleType | None:
+    """``merge``: the merge kernel (or None), chosen once, on first use."""
+    if name != "merge":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    kernel = choose("_merge")
+    globals()["merge"] = kernel
+    return kernel

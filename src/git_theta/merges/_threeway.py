@@ -77,6 +77,22 @@ class _Widened:
         for start in range(0, self.size, BLOCK):
             yield (start, *self.block(start, min(start + BLOCK, self.size)))
 
+    def task_magnitudes(self, side: int, scratch: list[np.ndarray]) -> bool:
+        """Fill ``scratch[0]`` (made when empty) with |side - base| of the whole tensor
+        (side 1 ours, 2 theirs) in one C pass, as TIES's cut reads it; False (nothing
+        done) without the kernel or a base, or for a dtype it does not cover."""
+        from git_theta import kernels
+        from git_theta.merges import _native
+
+        kernel, kind = kernels.merge, _native.KINDS.get(self.dtype)
+        if kernel is None or kind is None or self.b is None:
+            return False
+        wide = np.float64 if self.dtype == "F64" else np.float32
+        if not scratch:
+            scratch.append(np.empty(self.size, dtype=wide))
+        kernel.magnitudes(scratch[0], self.b, (self.o, self.t)[side - 1], kind)
+        return True
+
     def block(
         self, start: int, end: int, with_base: bool = True
     ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
@@ -115,25 +131,57 @@ def merge(
     size = _floats.unit_bytes(dtype, o_bytes.size)
     o, t = _floats.units(o_bytes, size), _floats.units(t_bytes, size)
     b = None if b_bytes is None else _floats.units(b_bytes, size)
-    result = np.empty_like(o)
+    result = _result_like(o)
     counts = np.zeros(5, dtype=np.int64)  # unchanged, ours only, theirs only, same, merged
     stream = dict(used)
     if strategy.uses_seed:
         seed = used["seed"]
         assert isinstance(seed, int)
         stream["seed"] = tensor_seed(seed, tensor)
-    combine = _Combiner(strategy, stream, b, o, t, dtype, tensor)
     # NaN and inf are values like any other here (a diverged fine-tune): no warnings on
     # the merge's stderr for inf - inf or 0 * inf.
     with np.errstate(all="ignore"):
-        for start in range(0, o.shape[0], BLOCK):
-            end = min(start + BLOCK, o.shape[0])
-            conflict = _assemble(b, o, t, result, start, end, counts)
-            if conflict is not None:
-                combine(result, conflict, start, end)
+        fast = _native_counts(strategy, stream, _Widened(b, o, t, dtype), result, tensor)
+        if fast is not None:
+            counts[:] = fast
+        else:
+            combine = _Combiner(strategy, stream, b, o, t, dtype, tensor)
+            for start in range(0, o.shape[0], BLOCK):
+                end = min(start + BLOCK, o.shape[0])
+                conflict = _assemble(b, o, t, result, start, end, counts)
+                if conflict is not None:
+                    combine(result, conflict, start, end)
     data = result.reshape(-1).view(np.uint8).view(ours.dtype).reshape(ours.shape)
     unchanged, from_ours, from_theirs, same, merged = (int(c) for c in counts)
     return TensorMerge(data, unchanged, from_ours, from_theirs, same, merged, used)
+
+
+def _result_like(units: np.ndarray) -> np.ndarray:
+    """An uninitialised array like ``units`` (the merge writes every unit), in a recycled
+    buffer when the codec has one of that size: fresh memory is a page fault per 4 KiB."""
+    from git_theta import codec
+
+    buffer = codec.new_buffer(units.nbytes)
+    return np.frombuffer(buffer, dtype=units.dtype).reshape(units.shape)
+
+
+def _native_counts(
+    strategy: MergeStrategy,
+    params: Mapping[str, ParamValue],
+    widened: _Widened,
+    result: np.ndarray,
+    tensor: str,
+) -> tuple[int, int, int, int, int] | None:
+    """The C kernel's pass (merges/_native.py) when it is built and covers this merge:
+    ``result`` filled and the counts returned; else None."""
+    from git_theta import kernels
+
+    kernel = kernels.merge
+    if kernel is None:
+        return None
+    from git_theta.merges import _native
+
+    return _native.run(kernel, strategy, params, widened, result, tensor)
 
 
 def _assemble(

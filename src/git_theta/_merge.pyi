@@ -1,0 +1,15 @@
+from typing_extensions import Buffer
+
+def threeway(
+    out: Buffer,
+    base: Buffer | None,
+    ours: Buffer,
+    theirs: Buffer,
+    kind: int,
+    unit: int,
+    strategy: int,
+    params: tuple[float, float, float, float, bool, bool, int, float, int, int, float, int] | None,
+    /,
+) -> tuple[tuple[int, int, int, int, int], int]: ...
+def magnitudes(out: Buffer, base: Buffer, side: Buffer, kind: int, /) -> None: ...
+def narrow(values: Buffer, kind: int, /) -> bytes: ...
