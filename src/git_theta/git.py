@@ -11,9 +11,10 @@ import threading
 from typing import TYPE_CHECKING
 
 from git_theta.errors import CommandError
-from git_theta.proc import run, start
+from git_theta.proc import run, run_soon, start
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
 # Switch our filter off for git calls we make from inside the filter.
@@ -90,10 +91,20 @@ def index_blob(path: str, cwd: str | None = None, limit: int | None = None) -> b
     """Return the staged (stage 0) blob of ``path``, or None when it is not in the index
     or (given ``limit``) larger than ``limit`` bytes, which is then never read whole (a
     committed blob of gigabytes may be a few kB in the pack)."""
+    return index_blob_soon(path, cwd)(limit)
+
+
+def index_blob_soon(path: str, cwd: str | None = None) -> Callable[[int | None], bytes | None]:
+    """Start reading the staged blob of ``path`` and return the function that, given the
+    ``limit``, returns it as ``index_blob`` does: git reads it while the caller works."""
     where = () if cwd is None else ("-C", cwd)  # posix_spawn, which stops at the limit
-    done = run("git", *where, *NO_FILTER, "cat-file", "blob", f":{path}", check=False,
-               limit=limit)  # fmt: skip
-    return done.stdout if done.returncode == 0 else None
+    finish = run_soon("git", *where, *NO_FILTER, "cat-file", "blob", f":{path}")
+
+    def blob(limit: int | None) -> bytes | None:
+        done = finish(limit)
+        return done.stdout if done.returncode == 0 else None
+
+    return blob
 
 
 def lfs_version() -> str | None:

@@ -62,10 +62,28 @@ def run(
     return done
 
 
+def run_soon(*argv: str) -> Callable[[int | None], Finished]:
+    """Start ``argv`` now (stdin /dev/null, outputs captured) and return the function
+    that waits for it and returns it finished, whatever its exit code, given ``limit`` as
+    for ``run``. Call that once: the caller works (imports) meanwhile, while the command
+    runs on another core. Raises CommandError (127) when the command is not installed."""
+    try:
+        started = _start(argv, None)
+    except FileNotFoundError:
+        raise not_found(argv) from None
+    return lambda limit: _collect(*started, None, limit)
+
+
 def _spawn(argv: tuple[str, ...], feed: bytes | None, limit: int | None = None) -> Finished:
     """posix_spawn ``argv`` with pipes on all three streams; feed ``feed`` and collect
     both outputs through one poll loop (so no pipe can fill up and stall the child);
     kill it once its output passes ``limit`` bytes."""
+    return _collect(*_start(argv, feed), feed, limit)
+
+
+def _start(argv: tuple[str, ...], feed: bytes | None) -> tuple[int, int, int, int]:
+    """posix_spawn ``argv`` with pipes on all three streams; return its pid and our ends
+    of its stdin (-1 without ``feed``: /dev/null), stdout and stderr."""
     child_in, to_child = os.pipe() if feed else (os.open(os.devnull, os.O_RDONLY), -1)
     from_out, child_out = os.pipe()
     from_err, child_err = os.pipe()
@@ -88,6 +106,14 @@ def _spawn(argv: tuple[str, ...], feed: bytes | None, limit: int | None = None) 
         raise
     for fd in (child_in, child_out, child_err):
         os.close(fd)
+    return pid, to_child, from_out, from_err
+
+
+def _collect(
+    pid: int, to_child: int, from_out: int, from_err: int, feed: bytes | None, limit: int | None
+) -> Finished:
+    """Feed ``feed`` to the started child and read both its outputs through one poll
+    loop; kill it once its output passes ``limit`` bytes; return it finished."""
     chunks: dict[int, list[bytes]] = {from_out: [], from_err: []}
     poll = select.poll()
     for fd in chunks:

@@ -65,8 +65,8 @@ def ensure_objects(manifest: Manifest, store: ObjectStore, fetch: Fetch | None) 
 
 
 def _download_failure(fetch: Fetch | None) -> str:
-    """Why the download failed, when ``fetch`` is a Downloader's (transfer.py) and git-lfs
-    said; "" otherwise."""
+    """Why the download failed, when ``fetch`` is a Downloader's (transfer.py) or a
+    Repo's and git-lfs said; "" otherwise."""
     failure = getattr(getattr(fetch, "__self__", None), "failure", None)
     return str(failure()) if callable(failure) else ""
 
