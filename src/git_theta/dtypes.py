@@ -7,7 +7,8 @@ own names onto these.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+
+from git_theta.records import NamedTuple
 
 
 class DType(NamedTuple):

@@ -36,9 +36,9 @@ import posixpath
 import re
 import threading
 from collections.abc import Callable, Iterable
-from typing import NamedTuple
 
 from git_theta.manifest import Link, Manifest, TensorEntry, tensor_nbytes
+from git_theta.records import NamedTuple
 
 # Sources, in order of preference (lower first).
 WRITTEN, INDEX, HEAD = 0, 1, 2

@@ -20,11 +20,12 @@ import gc
 import json
 import math
 import re
-from typing import Any, NamedTuple
+from typing import Any
 
 from git_theta.display import quote
 from git_theta.dtypes import BLOCKS, DTYPES, expected_nbytes
 from git_theta.errors import ManifestError
+from git_theta.records import NamedTuple
 from git_theta.store import ObjectRef
 
 # 3: chains may hold operand links (update type OPERAND_UPDATE, a factor an update

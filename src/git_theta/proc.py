@@ -12,9 +12,10 @@ import os
 import select
 import signal
 from collections.abc import Callable, Mapping
-from typing import IO, BinaryIO, NamedTuple, Protocol
+from typing import IO, BinaryIO, Protocol
 
 from git_theta.errors import CommandError, command_error
+from git_theta.records import NamedTuple
 
 _READ = 1 << 16
 
@@ -237,6 +238,11 @@ def start(
     ask the user something on the terminal (prompts go to /dev/tty, not stderr)."""
     if may_prompt and spawner is not None:
         return spawner(argv, cwd, env)
+    try:
+        if cwd is None and env is None:  # a clean's cat-file --batch: no subprocess import
+            return _start_helper(argv, stderr)
+    except FileNotFoundError:
+        raise not_found(argv) from None
     import subprocess
 
     try:
@@ -250,3 +256,45 @@ def start(
         )
     except FileNotFoundError:
         raise not_found(argv) from None
+
+
+class _Spawned:
+    """A helper ``_start_helper`` started: what Helper names of a subprocess.Popen."""
+
+    def __init__(self, pid: int, stdin: IO[bytes], stdout: IO[bytes]):
+        self.pid = pid
+        self.stdin: IO[bytes] | None = stdin
+        self.stdout: IO[bytes] | None = stdout
+        self._code: int | None = None
+
+    def wait(self) -> int:
+        """Wait for the helper to exit; return its code (negative: killed by a signal)."""
+        if self._code is None:
+            _, status = os.waitpid(self.pid, 0)
+            self._code = os.waitstatus_to_exitcode(status)
+        return self._code
+
+
+def _start_helper(argv: tuple[str, ...], stderr: int | None) -> _Spawned:
+    """posix_spawn ``argv`` as subprocess.Popen would with pipes on stdin and stdout
+    (buffered file objects; SIGPIPE and SIGXFSZ, which Python ignores, back to their
+    defaults) and ``stderr`` (a descriptor, else ours). Raises FileNotFoundError when it
+    is not installed."""
+    child_in, to_child = os.pipe()
+    from_child, child_out = os.pipe()
+    actions = [(os.POSIX_SPAWN_DUP2, child_in, 0), (os.POSIX_SPAWN_DUP2, child_out, 1)]
+    if stderr is not None:
+        actions.append((os.POSIX_SPAWN_DUP2, stderr, 2))
+    try:
+        pid = os.posix_spawnp(
+            argv[0], argv, os.environ, file_actions=actions,
+            setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
+        )  # fmt: skip
+    except BaseException:
+        os.close(to_child)
+        os.close(from_child)
+        raise
+    finally:
+        os.close(child_in)
+        os.close(child_out)
+    return _Spawned(pid, os.fdopen(to_child, "wb"), os.fdopen(from_child, "rb"))

@@ -31,10 +31,11 @@ import mmap
 import os
 import stat
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, BinaryIO, NamedTuple
+from typing import TYPE_CHECKING, BinaryIO
 
 from git_theta.errors import ObjectCorruptError, ObjectMissingError
 from git_theta.files import TempFile, UnsafeFileError, atomic_write, open_regular, remove_stale
+from git_theta.records import NamedTuple
 
 if TYPE_CHECKING:
     from git_theta.verified import Verified

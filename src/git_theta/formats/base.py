@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import BinaryIO, ClassVar, NamedTuple
+from typing import BinaryIO, ClassVar
 
 from git_theta.errors import CheckpointError
+from git_theta.records import NamedTuple
 
 SNIFF_MAX = 4096  # the most bytes ``sniff`` is ever given (``head_size`` must not exceed it)
 

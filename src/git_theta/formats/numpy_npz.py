@@ -8,12 +8,13 @@ from __future__ import annotations
 import io
 import struct
 import zlib
-from typing import BinaryIO, NamedTuple
+from typing import BinaryIO
 
 from git_theta.errors import CheckpointError
 from git_theta.formats.base import CheckpointFormat, LimitExceeded, ReadExact, TensorSpan, shown
 from git_theta.formats.numpy_npy import MAGIC, NpyFormat
 from git_theta.formats.zip_index import zip_data_start, zip_entries, zip_members
+from git_theta.records import NamedTuple
 
 
 class NpzFormat(CheckpointFormat):

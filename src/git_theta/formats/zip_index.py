@@ -9,10 +9,11 @@ count and directory size are capped before the directory is read.
 from __future__ import annotations
 
 import struct
-from typing import BinaryIO, NamedTuple
+from typing import BinaryIO
 
 from git_theta.errors import CheckpointError
 from git_theta.formats.base import MAX_TENSORS, LimitExceeded, shown
+from git_theta.records import NamedTuple
 
 MAX_ENTRIES = MAX_TENSORS + 1024  # members: one per storage, and a few records
 # Bytes of central directory: 46 bytes and a name per member (~110 for torch's).

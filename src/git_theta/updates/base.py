@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import ClassVar, NamedTuple
+from typing import ClassVar
 
 from git_theta.errors import ObjectCorruptError, UsageError
+from git_theta.records import NamedTuple
 from git_theta.store import ObjectBytes
 
 Buffer = bytes | bytearray | memoryview
