@@ -73,14 +73,16 @@ class Blob(NamedTuple):
 # and each tensor on its own line, its JSON name first. The name pattern takes only names
 # without escapes (others are searched for in the text) and requires the entry's hash, so
 # a hostile blob cannot make the index hold more than one key per ~100 bytes of it.
-_HASH_TEXT = re.compile(rb'"hash": "([0-9a-f]{64})"')
-_NAME_TEXT = re.compile(
+# Compiled on first use (re's cache), ~0.1 ms each: most cleans find every tensor under
+# its name in the staged manifest and never scan.
+_HASH_TEXT = rb'"hash": "([0-9a-f]{64})"'
+_NAME_TEXT = (
     rb'\n  "([^"\\\n]*)": \{"dtype": "[^"\n]*", "shape": \[[0-9, ]*\], "hash": "[0-9a-f]{64}"'
 )
 # Any name, escapes (non-ASCII, quotes) included: three times slower to match, so used
 # only once a clean has looked up several escaped names (a model named in another
 # script); before that, each is searched for in the text.
-_ANY_NAME_TEXT = re.compile(
+_ANY_NAME_TEXT = (
     rb'\n  "((?:[^"\\\n]|\\[^\n])*)": \{"dtype": "[^"\n]*", "shape": \[[0-9, ]*\], '
     rb'"hash": "[0-9a-f]{64}"'
 )
@@ -102,10 +104,11 @@ class _Unparsed:
         self._searches = 0
 
     @staticmethod
-    def _scan(data: dict[str, bytes], pattern: re.Pattern[bytes]) -> dict[bytes, list[str]]:
+    def _scan(data: dict[str, bytes], pattern: bytes) -> dict[bytes, list[str]]:
         found: dict[bytes, list[str]] = {}
+        compiled = re.compile(pattern)
         for oid, text in data.items():
-            for key in pattern.findall(text):
+            for key in compiled.findall(text):
                 oids = found.setdefault(key, [])
                 if not oids or oids[-1] != oid:  # once per blob, however often it says it
                     oids.append(oid)

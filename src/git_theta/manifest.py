@@ -53,7 +53,8 @@ _KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")  # format and update type
 _CODEC = re.compile(r"[A-Za-z0-9._+-]{0,64}")
 # dtypes the formats record for element types outside dtypes.DTYPES: kept as plain bytes,
 # their size known only from the object (np:<numpy name>, NPY<descr>, torch.<name>).
-_OPAQUE_DTYPE = re.compile(r"(?:np:|NPY|torch\.)[!-~]{1,64}")
+# Compiled on first use (re's cache, ~0.1 ms): a manifest of usual dtypes never needs it.
+_OPAQUE_DTYPE = r"(?:np:|NPY|torch\.)[!-~]{1,64}"
 _VERSION_AFTER_PREFIX = re.compile(rb"\s*(-?\d{1,20})\s*[,}]")
 
 
@@ -435,7 +436,7 @@ def _entry_nbytes(entry: TensorEntry) -> int | None:
     """
     dtype, shape = entry.dtype, entry.shape
     if type(dtype) is not str or not (
-        dtype in DTYPES or dtype in BLOCKS or _OPAQUE_DTYPE.fullmatch(dtype)
+        dtype in DTYPES or dtype in BLOCKS or re.fullmatch(_OPAQUE_DTYPE, dtype)
     ):
         raise _Invalid(f"unknown dtype {_show(dtype)}")
     if type(shape) is not tuple or len(shape) > MAX_DIMS:
