@@ -5,6 +5,7 @@ and the same counts, params and errors."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import numpy as np
@@ -14,6 +15,7 @@ from git_theta import kernels
 from git_theta.merges import MERGES, _floats, _native
 from git_theta.merges._threeway import _Widened
 from git_theta.merges.base import MergeError, TensorMerge, merge_tensor, parse_params
+from git_theta.merges.ties import Cut, find_cut
 
 try:
     from git_theta import _merge as merge_kernel
@@ -225,3 +227,33 @@ def test_rounding_to_16_bits_is_numpys(dtype: str, kind: int) -> None:
     with np.errstate(over="ignore"):
         want = _floats.narrow(probe.view(np.float32), dtype).tobytes()
     assert merge_kernel.narrow(probe.data, kind) == want
+
+
+def same_cut(a: Cut | None, b: Cut | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    nan = math.isnan(a.magnitude) and math.isnan(b.magnitude)
+    return a.last == b.last and (nan or a.magnitude == b.magnitude)
+
+
+@pytest.mark.parametrize("dtype", ["F32", "F16", "BF16"])
+@pytest.mark.parametrize("infinite", [0, 1, 10, 30_000])
+def test_the_cut_found_without_a_copy_is_the_partitions(dtype: str, infinite: int) -> None:
+    """Many equal magnitudes (the lowest indices win), and inf and NaN task vectors in
+    numbers that put the cut among them."""
+    rng = np.random.default_rng(infinite)
+    base = to_storage(rng.integers(-4, 4, N) / 4, dtype)
+    ours = to_storage(rng.integers(-8, 8, N) / 8, dtype)
+    pool = specials(dtype)
+    hit = rng.choice(N, infinite, replace=False)
+    ours[hit] = rng.choice(pool[:6], infinite)  # NaNs and infinities
+    widened = _Widened(base, ours, ours, dtype)
+    for density in (1e-4, 0.01, 0.3, 0.5, 0.77, 0.999):
+        k = max(1, int(density * N))
+        fast = widened.task_cut(1, k)
+        kernels.merge, saved = None, kernels.merge
+        try:
+            want = find_cut(widened, 1, density, [])
+        finally:
+            kernels.merge = saved
+        assert isinstance(fast, Cut) and same_cut(fast, want), (density, fast, want)

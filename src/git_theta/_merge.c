@@ -379,54 +379,122 @@ done:
     return result;
 }
 
-#define MAGNITUDES(NAME, U, W, WIDEN, ABS)                                                  \
-    TARGETS static void NAME(unsigned char *restrict out, const unsigned char *restrict b, \
-                             const unsigned char *restrict s, Py_ssize_t n) {           \
+/* --- TIES's cut without a tensor-sized scratch ------------------------------------
+ * ties.find_cut partitions a copy of |side - base| to find the k-th largest magnitude.
+ * Magnitudes are non-negative, so their float32 bit patterns sort as their values do,
+ * with NaN above inf as NumPy's partition puts it: a radix select on the bits (two
+ * histogram passes of 16 bits, each recomputing the magnitudes) finds the same value
+ * with no copy of the tensor (154 MB for GPT-2's embeddings, beside the three versions
+ * and the result). */
+
+static inline uint32_t magnitude_bits(const unsigned char *b, const unsigned char *s,
+                                      Py_ssize_t i, int kind) {
+    float d;
+    if (kind == K_F32) {
+        uint32_t x, y;
+        memcpy(&x, b + i * 4, 4);
+        memcpy(&y, s + i * 4, 4);
+        d = widen_f32(y) - widen_f32(x);
+    } else {
+        uint16_t x, y;
+        memcpy(&x, b + i * 2, 2);
+        memcpy(&y, s + i * 2, 2);
+        d = kind == K_F16 ? widen_f16(y) - widen_f16(x) : widen_bf16(y) - widen_bf16(x);
+    }
+    return bits_of(d) & 0x7fffffffu; /* np.abs */
+}
+
+/* One histogram pass: of the high 16 bits (`high`, also counting infinities), or of the
+ * low 16 bits of the magnitudes whose high bits are `top`. */
+#define CUT_PASS(NAME, KIND)                                                            \
+    TARGETS static int64_t NAME(const unsigned char *b, const unsigned char *s,         \
+                                Py_ssize_t n, int64_t *hist, int high, uint32_t top) {  \
+        int64_t infs = 0;                                                               \
         for (Py_ssize_t i = 0; i < n; i++) {                                            \
-            U x, y;                                                                     \
-            memcpy(&x, b + i * sizeof(U), sizeof(U));                                   \
-            memcpy(&y, s + i * sizeof(U), sizeof(U));                                   \
-            W d = ABS(WIDEN(y) - WIDEN(x)); /* as np.abs: the sign bit cleared */       \
-            memcpy(out + i * sizeof(W), &d, sizeof(W));                                 \
+            uint32_t m = magnitude_bits(b, s, i, KIND);                                 \
+            if (high) {                                                                 \
+                hist[m >> 16]++;                                                        \
+                infs += m == 0x7f800000u;                                               \
+            } else if ((m >> 16) == top) {                                              \
+                hist[m & 0xffffu]++;                                                    \
+            }                                                                           \
         }                                                                               \
+        return infs;                                                                    \
     }
 
-MAGNITUDES(magnitudes_f32, uint32_t, float, widen_f32, fabsf)
-MAGNITUDES(magnitudes_f16, uint16_t, float, widen_f16, fabsf)
-MAGNITUDES(magnitudes_bf16, uint16_t, float, widen_bf16, fabsf)
-MAGNITUDES(magnitudes_f64, uint64_t, double, widen_f64, fabs)
+CUT_PASS(cut_pass_f32, K_F32)
+CUT_PASS(cut_pass_f16, K_F16)
+CUT_PASS(cut_pass_bf16, K_BF16)
 
-/* magnitudes(out, base, side, kind): out (float32, float64 for F64) = |side - base|,
- * widened as _floats.widen does: TIES's task-vector magnitudes in one pass. */
-static PyObject *magnitudes(PyObject *self, PyObject *args) {
-    Py_buffer out, b, s;
+static int64_t cut_pass(const unsigned char *b, const unsigned char *s, Py_ssize_t n,
+                        int kind, int64_t *hist, int high, uint32_t top) {
+    memset(hist, 0, sizeof(int64_t) << 16);
+    if (kind == K_F32) return cut_pass_f32(b, s, n, hist, high, top);
+    if (kind == K_F16) return cut_pass_f16(b, s, n, hist, high, top);
+    return cut_pass_bf16(b, s, n, hist, high, top);
+}
+
+/* The bin holding the element of ascending rank `*rank`; `*rank` becomes its rank
+ * within the bin. */
+static uint32_t find_bin(const int64_t *hist, int64_t *rank) {
+    uint32_t bin = 0;
+    while (*rank >= hist[bin]) *rank -= hist[bin++];
+    return bin;
+}
+
+/* cut(base, side, kind, k) -> (magnitude, last): ties.find_cut's Cut keeping the k
+ * largest of |side - base| (1 <= k < n), for the float32-working kinds. As there:
+ * `above` counts the magnitudes greater than the cut (NaN is greater than none),
+ * `equal` those equal to it (none when it is NaN), and the k - above missing ones are
+ * the equal ones of lowest index: all of them (last = n - 1), too few (-1), or up to
+ * the index of the last one needed. */
+static PyObject *cut(PyObject *self, PyObject *args) {
+    Py_buffer b, s;
     int kind;
-    if (!PyArg_ParseTuple(args, "w*y*y*i", &out, &b, &s, &kind)) return NULL;
+    Py_ssize_t k;
+    if (!PyArg_ParseTuple(args, "y*y*in", &b, &s, &kind, &k)) return NULL;
     PyObject *result = NULL;
-    if (kind < K_F32 || kind > K_F64) {
-        PyErr_SetString(PyExc_ValueError, "unsupported kind");
+    int64_t *hist = NULL;
+    Py_ssize_t size = (kind >= K_F32 && kind <= K_BF16) ? kind_size[kind] : 0;
+    Py_ssize_t n = size ? s.len / size : 0;
+    if (!size || b.len != s.len || s.len % size || k < 1 || k >= n) {
+        PyErr_SetString(PyExc_ValueError, "unsupported kind, sizes or k");
         goto done;
     }
-    Py_ssize_t size = kind_size[kind], n = s.len / size;
-    Py_ssize_t wide = kind == K_F64 ? 8 : 4;
-    if (b.len != s.len || s.len % size || out.len != n * wide) {
-        PyErr_SetString(PyExc_ValueError, "buffers differ in size");
+    hist = PyMem_RawMalloc(sizeof(int64_t) << 16);
+    if (hist == NULL) {
+        PyErr_NoMemory();
         goto done;
     }
-    const unsigned char *pb = b.buf, *ps = s.buf;
-    unsigned char *po = out.buf;
+    uint32_t bits;
+    Py_ssize_t last = -1;
     Py_BEGIN_ALLOW_THREADS
-    switch (kind) {
-    case K_F32: magnitudes_f32(po, pb, ps, n); break;
-    case K_F16: magnitudes_f16(po, pb, ps, n); break;
-    case K_BF16: magnitudes_bf16(po, pb, ps, n); break;
-    default: magnitudes_f64(po, pb, ps, n); break;
+    int64_t rank = (int64_t)(n - k); /* np.partition(n - k): the k-th largest */
+    int64_t infs = cut_pass(b.buf, s.buf, n, kind, hist, 1, 0);
+    int64_t nans = -infs, above = 0;
+    for (uint32_t h = 0x7f80; h <= 0x7fff; h++) nans += hist[h]; /* bits above inf's */
+    uint32_t top = find_bin(hist, &rank);
+    for (uint32_t h = top + 1; h <= 0x7fff; h++) above += hist[h];
+    cut_pass(b.buf, s.buf, n, kind, hist, 0, top);
+    uint32_t low = find_bin(hist, &rank);
+    bits = top << 16 | low;
+    for (uint32_t l = low + 1; l <= 0xffff; l++) above += hist[l];
+    if (bits <= 0x7f800000u) { /* not NaN: every NaN was counted above it */
+        int64_t equal = hist[low], missing = (int64_t)k - (above - nans);
+        if (missing > equal) last = -1;
+        else if (missing == equal) last = n - 1;
+        else {
+            for (Py_ssize_t i = 0; i < n; i++)
+                if (magnitude_bits(b.buf, s.buf, i, kind) == bits && --missing == 0) {
+                    last = i;
+                    break;
+                }
+        }
     }
     Py_END_ALLOW_THREADS
-    Py_INCREF(Py_None);
-    result = Py_None;
+    result = Py_BuildValue("dn", (double)f32_of(bits), last);
 done:
-    PyBuffer_Release(&out);
+    PyMem_RawFree(hist);
     PyBuffer_Release(&b);
     PyBuffer_Release(&s);
     return result;
@@ -461,7 +529,7 @@ static PyObject *narrow(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"threeway", threeway, METH_VARARGS, "The element-wise three-way merge of one tensor."},
-    {"magnitudes", magnitudes, METH_VARARGS, "|side - base| widened, for TIES's cut."},
+    {"cut", cut, METH_VARARGS, "TIES's cut of |side - base|: (magnitude, last)."},
     {"narrow", narrow, METH_VARARGS, "float32 values rounded to F16 or BF16 bits."},
     {NULL, NULL, 0, NULL},
 };

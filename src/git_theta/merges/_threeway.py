@@ -77,21 +77,19 @@ class _Widened:
         for start in range(0, self.size, BLOCK):
             yield (start, *self.block(start, min(start + BLOCK, self.size)))
 
-    def task_magnitudes(self, side: int, scratch: list[np.ndarray]) -> bool:
-        """Fill ``scratch[0]`` (made when empty) with |side - base| of the whole tensor
-        (side 1 ours, 2 theirs) in one C pass, as TIES's cut reads it; False (nothing
-        done) without the kernel or a base, or for a dtype it does not cover."""
+    def task_cut(self, side: int, k: int) -> object:
+        """ties.find_cut's Cut keeping the ``k`` largest of |side - base| (side 1 ours,
+        2 theirs), found by the C kernel without a tensor-sized copy; None without the
+        kernel or a base, or for F64 and FP8 (find_cut then partitions a copy)."""
         from git_theta import kernels
         from git_theta.merges import _native
+        from git_theta.merges.ties import Cut
 
         kernel, kind = kernels.merge, _native.KINDS.get(self.dtype)
-        if kernel is None or kind is None or self.b is None:
-            return False
-        wide = np.float64 if self.dtype == "F64" else np.float32
-        if not scratch:
-            scratch.append(np.empty(self.size, dtype=wide))
-        kernel.magnitudes(scratch[0], self.b, (self.o, self.t)[side - 1], kind)
-        return True
+        if kernel is None or kind is None or kind == _native.KINDS["F64"] or self.b is None:
+            return None
+        magnitude, last = kernel.cut(self.b, (self.o, self.t)[side - 1], kind, k)
+        return Cut(magnitude, last)
 
     def block(
         self, start: int, end: int, with_base: bool = True

@@ -63,13 +63,16 @@ def find_cut(blocks: Blocks, side: int, density: float, scratch: list[np.ndarray
     k = max(1, int(density * n))
     if density >= 1 or k >= n:
         return None
-    # The merge's own blocks fill the scratch in one C pass (_threeway._Widened).
-    fill = getattr(blocks, "task_magnitudes", None)
-    if fill is None or not fill(side, scratch):
-        for start, magnitude in _task_magnitudes(blocks, side):
-            if not scratch:
-                scratch.append(np.empty(n, dtype=magnitude.dtype))
-            scratch[0][start : start + magnitude.size] = magnitude
+    # The merge's own blocks find it in C, without the scratch (_threeway._Widened).
+    fast = getattr(blocks, "task_cut", None)
+    found = None if fast is None else fast(side, k)
+    if found is not None:
+        assert isinstance(found, Cut)
+        return found
+    for start, magnitude in _task_magnitudes(blocks, side):
+        if not scratch:
+            scratch.append(np.empty(n, dtype=magnitude.dtype))
+        scratch[0][start : start + magnitude.size] = magnitude
     scratch[0].partition(n - k)  # in place: only the k-th largest magnitude is needed
     cut = scratch[0][n - k]
     # Partitioned, everything before n - k is at most the cut and everything from it at
@@ -81,12 +84,8 @@ def find_cut(blocks: Blocks, side: int, density: float, scratch: list[np.ndarray
         return Cut(float(cut), -1)
     if missing == equal:  # every equal one is kept
         return Cut(float(cut), n - 1)
-    # Where the missing-th equal one is: one pass, stopping there (the scratch refilled
-    # in order, when the blocks can).
-    ordered: Iterator[tuple[int, np.ndarray]] = _task_magnitudes(blocks, side)
-    if fill is not None and fill(side, scratch):
-        ordered = ((i, scratch[0][i : i + _COUNT_BLOCK]) for i in range(0, n, _COUNT_BLOCK))
-    for start, magnitude in ordered:
+    # Where the missing-th equal one is: one pass, stopping there.
+    for start, magnitude in _task_magnitudes(blocks, side):
         hits = np.flatnonzero(magnitude == cut)
         if missing <= hits.size:
             return Cut(float(cut), start + int(hits[missing - 1]))
