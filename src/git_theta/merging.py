@@ -246,8 +246,10 @@ class _Tensors:
         if base is not None and base_value is not None and base.dtype == ours.dtype:
             # Ours is needed only if the base's chain is no clear win: freed now, the
             # encode's buffers take its place (the largest tensor sets the peak).
+            give_back(ours_value, base_value)
             ours_value = None
             chain = _on_base_chain(data, base, base_value, self.values.store, name, ours.shape)
+        give_back(base_value, ours_value)
         del base_value
 
         def ours_again() -> bytearray | None:
@@ -271,6 +273,8 @@ class _Tensors:
             from git_theta import merged_values
 
             merged_values.keep(self.values.store, hash_, data)
+        give_back(ours_value)
+        give_back(_owner(merged.data))
         return TensorEntry(ours.dtype, ours.shape, hash_, chain)
 
 
@@ -390,6 +394,25 @@ def _on_base_chain(
     return (*base.chain, Link(key, UPDATES.get(key).codec, store.put(parts)))
 
 
+def give_back(value: object, *live: object) -> None:
+    """Recycle ``value`` (a decoded or merged tensor's buffer nothing else will read)
+    for the next tensor of its size, unless it is one of the ``live`` buffers: a merge
+    of a model's repeated layers then reuses memory instead of faulting in fresh pages."""
+    from git_theta import codec
+
+    if isinstance(value, bytearray) and all(value is not other for other in live):
+        codec.recycle(value)
+
+
+def _owner(array: object) -> object:
+    """The object whose memory NumPy ``array`` views (a bytearray for a merge result)."""
+    import numpy as np
+
+    while isinstance(array, np.ndarray) and array.base is not None:
+        array = array.base
+    return array.obj if isinstance(array, memoryview) else array
+
+
 def _on_base(
     entry: TensorEntry, base: TensorEntry, value: bytearray, store: ObjectStore
 ) -> bytearray | None:
@@ -403,7 +426,10 @@ def _on_base(
     n = len(base.chain)
     if entry.dtype != base.dtype or entry.chain[:n] != base.chain:
         return None
-    out = bytearray(value)  # updates apply in place; the base is used again
+    from git_theta import codec
+
+    out = codec.new_buffer(len(value))  # updates apply in place; the base is used again
+    out[:] = value
     try:
         out = chains.apply_links(out, entry.chain[n:], entry.dtype, store, len(value))
     except ThetaError:
@@ -687,7 +713,8 @@ def _merge_both(
             question = Question(name, "changed on both sides", True, entries3)
             question.both = done.merged
             return "ask", question, None
-        values[2] = None  # theirs is not needed to store the result
+        give_back(values[2], values[0], values[1])  # theirs is not needed to store it
+        values[2] = None
         return (
             "done",
             merger.store(name, o, values, done, b)._replace(merge=_record(choice, done)),
@@ -728,6 +755,7 @@ def _merge_both(
         except MergeError as exc:
             conflict(name, str(exc))
             continue
+        give_back(values[2], values[0], values[1])
         values[2] = None
         record = _record(choice, done)
         stored = merger.store(name, ours.tensors[name], values, done, entries3[0])
