@@ -500,6 +500,55 @@ done:
     return result;
 }
 
+/* conflicts(base, ours, theirs, unit) -> bool: whether some unit of `unit` (1, 2, 4 or
+ * 8) bytes changed differently on both sides; stops at the first. TIES asks before its
+ * cut, which reads the whole tensor twice per side: a merge with no such unit needs none. */
+#define FIRST(NAME, U)                                                                  \
+    static int NAME(const unsigned char *b, const unsigned char *o, const unsigned char *t, \
+                    Py_ssize_t n) {                                                     \
+        for (Py_ssize_t i = 0; i < n; i++) {                                            \
+            U x, y, z;                                                                  \
+            memcpy(&x, b + i * sizeof(U), sizeof(U));                                   \
+            memcpy(&y, o + i * sizeof(U), sizeof(U));                                   \
+            memcpy(&z, t + i * sizeof(U), sizeof(U));                                   \
+            if (y != x && z != x && y != z) return 1;                                   \
+        }                                                                               \
+        return 0;                                                                       \
+    }
+
+FIRST(first1, uint8_t)
+FIRST(first2, uint16_t)
+FIRST(first4, uint32_t)
+FIRST(first8, uint64_t)
+
+static PyObject *conflicts(PyObject *self, PyObject *args) {
+    Py_buffer b, o, t;
+    int unit;
+    if (!PyArg_ParseTuple(args, "y*y*y*i", &b, &o, &t, &unit)) return NULL;
+    PyObject *result = NULL;
+    if ((unit != 1 && unit != 2 && unit != 4 && unit != 8) || o.len % unit ||
+        b.len != o.len || t.len != o.len) {
+        PyErr_SetString(PyExc_ValueError, "unsupported unit or sizes");
+        goto done;
+    }
+    int any;
+    Py_ssize_t n = o.len / unit;
+    Py_BEGIN_ALLOW_THREADS
+    switch (unit) {
+    case 1: any = first1(b.buf, o.buf, t.buf, n); break;
+    case 2: any = first2(b.buf, o.buf, t.buf, n); break;
+    case 4: any = first4(b.buf, o.buf, t.buf, n); break;
+    default: any = first8(b.buf, o.buf, t.buf, n); break;
+    }
+    Py_END_ALLOW_THREADS
+    result = PyBool_FromLong(any);
+done:
+    PyBuffer_Release(&b);
+    PyBuffer_Release(&o);
+    PyBuffer_Release(&t);
+    return result;
+}
+
 /* narrow(values, kind) -> bytes: float32 `values` rounded to F16 (kind 2) or BF16 (3),
  * for the tests that hold these roundings to NumPy's over many bit patterns. */
 static PyObject *narrow(PyObject *self, PyObject *args) {
@@ -529,6 +578,7 @@ static PyObject *narrow(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"threeway", threeway, METH_VARARGS, "The element-wise three-way merge of one tensor."},
+    {"conflicts", conflicts, METH_VARARGS, "Whether both sides changed a unit differently."},
     {"cut", cut, METH_VARARGS, "TIES's cut of |side - base|: (magnitude, last)."},
     {"narrow", narrow, METH_VARARGS, "float32 values rounded to F16 or BF16 bits."},
     {NULL, NULL, 0, NULL},

@@ -57,8 +57,8 @@ def run(
     cuts: tuple[ties.Cut | None, ties.Cut | None] = (None, None)
     if code == 5 and linear.as_float(params, "density") < 1:
         # TIES's cut reads the whole tensor twice: only when some element needs it.
-        counts, _ = kernel.threeway(result, b, o, t, 0, o.itemsize, 0, None)
-        if counts[4] == 0:
+        if not kernel.conflicts(b, o, t, o.itemsize):
+            counts, _ = kernel.threeway(result, b, o, t, 0, o.itemsize, 0, None)
             return tuple(counts)
         state = strategy.prepare(widened, params)
         assert isinstance(state, tuple)
