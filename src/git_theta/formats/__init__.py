@@ -29,15 +29,18 @@ from git_theta.formats.base import (
 from git_theta.registry import Registry
 
 FORMATS: Registry[CheckpointFormat] = Registry("git_theta.plugins.checkpoints", "checkpoint format")
-# Built-ins in sniffing order: formats with a signature by key, structural sniffing last.
-# They load one at a time as detect() reaches them (no entry-point scan either): a
-# safetensors add never imports the pickle reader (12 ms with dataclasses) or msgpack's.
+# Built-ins in sniffing order: a signature format before any structural sniff that could
+# also accept its heads, flax's weak sniff last. They load one at a time as detect()
+# reaches them (no entry-point scan either): a safetensors add never imports the pickle
+# reader (12 ms with dataclasses) or msgpack's, nor gguf's, hdf5's or npy's (~1 ms): no
+# head of theirs passes safetensors' sniff (read as its length field, each signature is
+# over 100 MB; tests/test_startup.py checks), while a crafted zip's can.
 _BUILT_IN = (
+    ("npz", "numpy_npz:NpzFormat"),
+    ("safetensors", "safetensors:SafetensorsFormat"),
     ("gguf", "gguf:GgufFormat"),
     ("hdf5", "hdf5:Hdf5Format"),
     ("npy", "numpy_npy:NpyFormat"),
-    ("npz", "numpy_npz:NpzFormat"),
-    ("safetensors", "safetensors:SafetensorsFormat"),
     ("torch", "torch_zip:TorchZipFormat"),
     ("flax", "flax_msgpack:FlaxMsgpackFormat"),
 )
