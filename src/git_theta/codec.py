@@ -33,11 +33,9 @@ import math
 import struct
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, NamedTuple, cast
+from typing import TYPE_CHECKING, NamedTuple
 
-from zlib_ng import zlib_ng as zlib  # bundled zlib-ng: faster Huffman, same output everywhere
-
-from git_theta import kernels
+from git_theta import deflate, kernels
 from git_theta.errors import ObjectCorruptError
 from git_theta.parallel import Pool, pipelined
 
@@ -79,7 +77,6 @@ GROUP_PROBE_SPANS, GROUP_PROBE_MARGIN = 4, 1.05
 _SAMPLE = 1 << 16  # bytes sampled to pick a plane's method
 _UINT = {1: "<u1", 2: "<u2", 4: "<u4", 8: "<u8"}
 
-_ZLIB_ERROR = cast(type[Exception], zlib.error)  # its stub types it as an instance
 _local = threading.local()
 
 
@@ -160,8 +157,10 @@ def _pack_plane(raw: bytes | memoryview, level: int) -> tuple[int, bytes | memor
     bits = _entropy_bits(raw)
     if 1.0 <= bits < 6.0:
         # Skewed but not repetitive (exponents): entropy coding without LZ matching wins.
-        comp = zlib.compressobj(1, zlib.DEFLATED, -15, 9, zlib.Z_HUFFMAN_ONLY)
-        method, payload = HUFFMAN, comp.compress(raw) + comp.flush()
+        coded = deflate.literals(raw)
+        if coded is None:
+            return RAW, raw
+        method, payload = HUFFMAN, coded
     else:
         method, payload = ZSTD, _zstd_c(level).compress(raw)
     if len(payload) >= len(raw):
@@ -259,6 +258,19 @@ def _group(
     return _group_numpy(planes, context, word, forward)
 
 
+def _inflate(payload: bytes | memoryview, size: int) -> bytes:
+    """At most ``size`` bytes of the raw deflate stream ``payload``, inflated by zlib-ng
+    (imported here: 4 ms of start-up, with its gzip, that the C decoder rarely needs)."""
+    from zlib_ng import zlib_ng
+
+    error: type[Exception] = zlib_ng.error  # type: ignore[assignment]  # typed an instance
+    try:
+        out: bytes = zlib_ng.decompressobj(-15).decompress(payload, size)
+    except error as exc:
+        raise ObjectCorruptError(f"content object is corrupt: {exc}") from exc
+    return out
+
+
 def _unpack_plane(method: int, payload: bytes | memoryview, size: int) -> bytes | memoryview:
     if method == RAW:
         out = payload
@@ -270,11 +282,12 @@ def _unpack_plane(method: int, payload: bytes | memoryview, size: int) -> bytes 
         except zstandard.ZstdError as exc:
             raise ObjectCorruptError(f"content object is corrupt: {exc}") from exc
     elif method == HUFFMAN:
-        # The C decoder takes what Z_HUFFMAN_ONLY writes, ~1.7x faster than zlib-ng;
-        # anything else (None) is zlib's to decode or reject.
+        # The C decoder takes what deflate.literals (and Z_HUFFMAN_ONLY, which wrote the
+        # planes before it) writes, ~1.7x faster than zlib-ng; anything else (None) is
+        # zlib's to decode or reject.
         native = kernels.native
         fast = native.inflate_literals(payload, size) if native is not None else None
-        out = fast if fast is not None else zlib.decompressobj(-15).decompress(payload, size)
+        out = fast if fast is not None else _inflate(payload, size)
     else:
         raise ObjectCorruptError(f"unknown plane method {method}")
     if len(out) != size:
@@ -559,7 +572,7 @@ def decode_stream(
         out = new_buffer(size)
         try:
             _decode_chunk(memoryview(blob), 0, memoryview(out), layout, None)
-        except (_ZLIB_ERROR, struct.error) as exc:
+        except struct.error as exc:
             raise ObjectCorruptError(f"content object is corrupt: {exc}") from exc
         return out
 
@@ -694,5 +707,5 @@ def _decode_chunks(
         else:
             for job in jobs:
                 one(job)
-    except (_ZLIB_ERROR, struct.error) as exc:
+    except struct.error as exc:
         raise ObjectCorruptError(f"content object is corrupt: {exc}") from exc
