@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, BinaryIO, NamedTuple
+from typing import TYPE_CHECKING, BinaryIO
+
+from git_theta.records import NamedTuple
 
 if TYPE_CHECKING:
     from git_theta.formats.base import TensorSpan

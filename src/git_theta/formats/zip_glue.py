@@ -13,10 +13,11 @@ from __future__ import annotations
 import struct
 import zlib
 from collections.abc import Callable, Mapping, Sequence
-from typing import BinaryIO, NamedTuple
+from typing import BinaryIO
 
 from git_theta.errors import CheckpointError
 from git_theta.formats.zip_index import zip_data_start, zip_directory
+from git_theta.records import NamedTuple
 
 ZIP_FORMATS = frozenset({"npz", "torch"})
 # A member whose bytes differ at every save: PyTorch's per-save random identifier. A

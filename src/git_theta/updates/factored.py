@@ -19,12 +19,13 @@ import math
 import struct
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from git_theta import codec, kernels
 from git_theta.display import escape
 from git_theta.dtypes import FLOAT_KINDS, lookup
 from git_theta.errors import ObjectCorruptError, UsageError
+from git_theta.records import NamedTuple
 from git_theta.updates.base import Buffer, Payload, Picked, UpdateType, factor_objects
 from git_theta.updates.delta import _UNSIGNED, _size, _unzigzag, _zigzag
 from git_theta.updates.dense import Dense
