@@ -1119,6 +1119,20 @@ static void group_keys(unsigned char *keys, const unsigned char *ctx, Py_ssize_t
  * (where its part of each key's run starts, advancing): with one set of cursors every
  * step waited on the increment before it, since a plane's keys repeat (a chunk of
  * weights has ~20 exponents), and the walk ran at ~2 ms per Mi-word chunk. */
+#define MOVE_WALK(BODIES)                                                                \
+    for (Py_ssize_t i = 0; i < q; i++) {                                                 \
+        for (int s = 0; s < 4; s++) {                                                    \
+            Py_ssize_t at = s * q + i;                                                   \
+            uint32_t j = cur[s][keys[at]]++;                                             \
+            BODIES;                                                                      \
+        }                                                                                \
+    }                                                                                    \
+    for (Py_ssize_t at = 4 * q; at < n; at++) { /* the last quarter's remainder */       \
+        uint32_t j = cur[3][keys[at]]++;                                                 \
+        BODIES;                                                                          \
+    }
+/* The planes are named one by one (restrict) so the compiler knows a byte stored to
+ * one is not a cursor, a key or another plane's pointer, and need not reload them. */
 #define MOVE_PLANES(NAME, BODY)                                                          \
     static void NAME(unsigned char *const *dst, const unsigned char *const *src, int m,  \
                      const unsigned char *restrict keys, Py_ssize_t n,                   \
@@ -1126,17 +1140,21 @@ static void group_keys(unsigned char *keys, const unsigned char *ctx, Py_ssize_t
         uint32_t cur[4][256];                                                            \
         memcpy(cur, start, sizeof cur);                                                  \
         Py_ssize_t q = n / 4;                                                            \
-        for (Py_ssize_t i = 0; i < q; i++) {                                             \
-            for (int s = 0; s < 4; s++) {                                                \
-                Py_ssize_t at = s * q + i;                                               \
-                uint32_t j = cur[s][keys[at]]++;                                         \
-                for (int p = 0; p < m; p++) BODY(dst[p], src[p]);                        \
-            }                                                                            \
+        unsigned char *restrict d0 = dst[0];                                             \
+        const unsigned char *restrict s0 = src[0];                                       \
+        if (m == 1) {                                                                    \
+            MOVE_WALK(BODY(d0, s0))                                                      \
+            return;                                                                      \
         }                                                                                \
-        for (Py_ssize_t at = 4 * q; at < n; at++) { /* the last quarter's remainder */   \
-            uint32_t j = cur[3][keys[at]]++;                                             \
-            for (int p = 0; p < m; p++) BODY(dst[p], src[p]);                            \
+        unsigned char *restrict d1 = dst[1];                                             \
+        const unsigned char *restrict s1 = src[1];                                       \
+        if (m == 2) {                                                                    \
+            MOVE_WALK(BODY(d0, s0); BODY(d1, s1))                                        \
+            return;                                                                      \
         }                                                                                \
+        unsigned char *restrict d2 = dst[2];                                             \
+        const unsigned char *restrict s2 = src[2];                                       \
+        MOVE_WALK(BODY(d0, s0); BODY(d1, s1); BODY(d2, s2))                              \
     }
 #define MOVE_TO(D, S) ((D)[j] = (S)[at])
 #define MOVE_BACK(D, S) ((D)[at] = (S)[j])
