@@ -523,7 +523,8 @@ def test_a_periodic_plane_is_kept_in_natural_order_when_that_is_smaller(
     context[:, 3], context[:, 2] = top >> 5, rng.integers(0, 2, n, dtype=np.uint8) << 7
     z = np.zeros((n, 4), np.uint8)
     z[:, 3] = top
-    assert codec._grouping_odds(top.tobytes(), context.tobytes(), 4) >= codec.GROUP_SURE_SHARE
+    bits = codec._entropy_bits(top.tobytes())
+    assert codec._grouping_odds(top.tobytes(), context.tobytes(), 4, bits) >= codec.GROUP_SURE_SHARE
     plain = encode(z.tobytes(), codec.Layout(4))
     for native in (True, False):
         if not native:

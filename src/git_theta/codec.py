@@ -150,11 +150,15 @@ def _entropy_bits(plane: bytes | memoryview) -> float:
     return -math.fsum(c / total * math.log2(c / total) for c in counts if c)
 
 
-def _pack_plane(raw: bytes | memoryview, level: int) -> tuple[int, bytes | memoryview]:
-    """Return (method, payload) for one plane: the compact choice, never larger than raw."""
+def _pack_plane(
+    raw: bytes | memoryview, level: int, bits: float | None = None
+) -> tuple[int, bytes | memoryview]:
+    """Return (method, payload) for one plane: the compact choice, never larger than raw.
+    ``bits``: ``_entropy_bits(raw)`` when the caller has it already."""
     if len(raw) < 64:
         return RAW, raw
-    bits = _entropy_bits(raw)
+    if bits is None:
+        bits = _entropy_bits(raw)
     if 1.0 <= bits < 6.0:
         # Skewed but not repetitive (exponents): entropy coding without LZ matching wins.
         coded = deflate.literals(raw)
@@ -237,12 +241,13 @@ def _group_gain(plane: bytes | memoryview, context: bytes | memoryview, word: in
     return _group_gain_numpy(plane, context, word, step)
 
 
-def _grouping_odds(plane: bytes | memoryview, context: bytes | memoryview, word: int) -> float:
-    """The share of the plane's sample entropy grouping saves, less a floor (0 for a
-    plane too small to try)."""
+def _grouping_odds(
+    plane: bytes | memoryview, context: bytes | memoryview, word: int, bits: float
+) -> float:
+    """The share of the plane's sample entropy (``bits``, its ``_entropy_bits``) grouping
+    saves, less a floor (0 for a plane too small to try)."""
     if not GROUP_MIN <= len(plane) <= GROUP_MAX_WORDS:
         return 0.0
-    bits = _entropy_bits(plane)
     if bits > 7.995:  # random (a mantissa's low byte): nothing to gain, skip the estimate
         return 0.0
     return (_group_gain(plane, context, word) - GROUP_MIN_GAIN) / max(bits, 1e-9)
@@ -367,8 +372,10 @@ def _encode_chunk(
     """Return the chunk's planes (headers and payloads) and whether any is grouped."""
     rows: list[bytes | memoryview] = [chunk] if layout.word == 1 else [*_split(chunk, layout)]
     odds = [0.0] * len(rows)
+    # Each row's sampled entropy once: the grouping odds and its method both use it.
+    bits = [_entropy_bits(row) if len(row) >= 64 else 0.0 for row in rows]
     if context is not None and layout.word > 1:
-        odds = [_grouping_odds(row, context, layout.word) for row in rows]
+        odds = [_grouping_odds(r, context, layout.word, b) for r, b in zip(rows, bits, strict=True)]
     tried = [k for k, share in enumerate(odds) if share >= GROUP_MIN_SHARE]
     grouped: dict[int, bytes] = {}
     if tried:
@@ -378,7 +385,7 @@ def _encode_chunk(
     packed = []
     for k, row in enumerate(rows):
         if k not in grouped:
-            packed.append(_pack_plane(row, level))
+            packed.append(_pack_plane(row, level, bits[k]))
             continue
         # A plane the sample says grouping helps is encoded grouped, and unless the
         # sample is sure and a probe of the natural order agrees, in natural order too:
@@ -389,7 +396,7 @@ def _encode_chunk(
         if sure and _natural_estimate(row, level) < len(choice[1]) * GROUP_PROBE_MARGIN:
             sure = False  # the natural order may code as small: encode it to compare
         if not sure:
-            natural = _pack_plane(row, level)
+            natural = _pack_plane(row, level, bits[k])
             choice = natural if len(natural[1]) <= len(choice[1]) else choice
         packed.append(choice)
     parts: list[bytes | memoryview] = []
