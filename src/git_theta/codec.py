@@ -33,11 +33,12 @@ import math
 import struct
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from git_theta import deflate, kernels
 from git_theta.errors import ObjectCorruptError
 from git_theta.parallel import Pool, pipelined
+from git_theta.records import NamedTuple
 
 if TYPE_CHECKING:
     import mmap
