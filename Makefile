@@ -9,7 +9,8 @@ PIN := -c $(CURDIR)/constraints.txt
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml constraints.txt setup.py src/git_theta/_planes.c plugins/git-theta-rawf32/pyproject.toml
+$(VENV)/.installed: pyproject.toml constraints.txt setup.py src/git_theta/_planes.c src/git_theta/_merge.c \
+		plugins/git-theta-rawf32/pyproject.toml
 	bash scripts/ensure-git-lfs.sh
 	python3 -m venv $(VENV)
 	$(PIP) install --upgrade pip
