@@ -267,3 +267,10 @@ def test_ties_with_nothing_changed_differently_on_both_sides(dtype: str) -> None
     b, o, t = three(dtype, seed=13)
     t = np.where(o != b, b, t)  # theirs changes only what ours left
     assert_same("ties", b, o, t, dtype, density="0.5")
+
+
+@pytest.mark.parametrize("n", [0, 1, 5])
+@pytest.mark.parametrize("key", ["average", "ties", "ours"])
+def test_empty_and_tiny_tensors(n: int, key: str) -> None:
+    b, o, t = (side[:n] for side in three("F32", seed=6))
+    assert_same(key, b, o, t, "F32", **({"density": "0.5"} if key == "ties" else {}))

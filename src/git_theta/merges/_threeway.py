@@ -86,7 +86,9 @@ class _Widened:
         from git_theta.merges.ties import Cut
 
         kernel, kind = kernels.merge, _native.KINDS.get(self.dtype)
-        if kernel is None or kind is None or kind == _native.KINDS["F64"] or self.b is None:
+        if kernel is None or kind in (None, _native.KINDS["F64"]) or self.b is None:
+            return None
+        if not _native.LITTLE:
             return None
         magnitude, last = kernel.cut(self.b, (self.o, self.t)[side - 1], kind, k)
         return Cut(magnitude, last)
