@@ -1115,49 +1115,44 @@ static void group_keys(unsigned char *keys, const unsigned char *ctx, Py_ssize_t
 }
 
 /* Move byte i of `m` (1 to 3) planes to (forward) or from (back) its place in grouped
- * order. The keys are walked as four quarters at once, each with cursors of its own
- * (where its part of each key's run starts, advancing): with one set of cursors every
- * step waited on the increment before it, since a plane's keys repeat (a chunk of
- * weights has ~20 exponents), and the walk ran at ~2 ms per Mi-word chunk. */
-#define MOVE_WALK(BODIES)                                                                \
-    for (Py_ssize_t i = 0; i < q; i++) {                                                 \
-        for (int s = 0; s < 4; s++) {                                                    \
-            Py_ssize_t at = s * q + i;                                                   \
-            uint32_t j = cur[s][keys[at]]++;                                             \
-            BODIES;                                                                      \
-        }                                                                                \
-    }                                                                                    \
-    for (Py_ssize_t at = 4 * q; at < n; at++) { /* the last quarter's remainder */       \
-        uint32_t j = cur[3][keys[at]]++;                                                 \
-        BODIES;                                                                          \
-    }
-/* The planes are named one by one (restrict) so the compiler knows a byte stored to
- * one is not a cursor, a key or another plane's pointer, and need not reload them. */
+ * order, walking the keys once: `cur` is where each key's run starts, and advances. The
+ * planes are named one by one so the compiler knows they do not overlap. */
 #define MOVE_PLANES(NAME, BODY)                                                          \
     static void NAME(unsigned char *const *dst, const unsigned char *const *src, int m,  \
                      const unsigned char *restrict keys, Py_ssize_t n,                   \
-                     const uint32_t (*start)[256]) {                                     \
-        uint32_t cur[4][256];                                                            \
+                     const uint32_t *start) {                                            \
+        uint32_t cur[256];                                                               \
         memcpy(cur, start, sizeof cur);                                                  \
-        Py_ssize_t q = n / 4;                                                            \
         unsigned char *restrict d0 = dst[0];                                             \
         const unsigned char *restrict s0 = src[0];                                       \
         if (m == 1) {                                                                    \
-            MOVE_WALK(BODY(d0, s0))                                                      \
+            for (Py_ssize_t i = 0; i < n; i++) {                                         \
+                uint32_t j = cur[keys[i]]++;                                             \
+                BODY(d0, s0);                                                            \
+            }                                                                            \
             return;                                                                      \
         }                                                                                \
         unsigned char *restrict d1 = dst[1];                                             \
         const unsigned char *restrict s1 = src[1];                                       \
         if (m == 2) {                                                                    \
-            MOVE_WALK(BODY(d0, s0); BODY(d1, s1))                                        \
+            for (Py_ssize_t i = 0; i < n; i++) {                                         \
+                uint32_t j = cur[keys[i]]++;                                             \
+                BODY(d0, s0);                                                            \
+                BODY(d1, s1);                                                            \
+            }                                                                            \
             return;                                                                      \
         }                                                                                \
         unsigned char *restrict d2 = dst[2];                                             \
         const unsigned char *restrict s2 = src[2];                                       \
-        MOVE_WALK(BODY(d0, s0); BODY(d1, s1); BODY(d2, s2))                              \
+        for (Py_ssize_t i = 0; i < n; i++) {                                             \
+            uint32_t j = cur[keys[i]]++;                                                 \
+            BODY(d0, s0);                                                                \
+            BODY(d1, s1);                                                                \
+            BODY(d2, s2);                                                                \
+        }                                                                                \
     }
-#define MOVE_TO(D, S) ((D)[j] = (S)[at])
-#define MOVE_BACK(D, S) ((D)[at] = (S)[j])
+#define MOVE_TO(D, S) ((D)[j] = (S)[i])
+#define MOVE_BACK(D, S) ((D)[i] = (S)[j])
 MOVE_PLANES(move_to, MOVE_TO)
 MOVE_PLANES(move_back, MOVE_BACK)
 
@@ -1167,28 +1162,24 @@ static int permute(unsigned char *const *dst, const unsigned char *const *src, i
                    const unsigned char *ctx, Py_ssize_t n, int word, int forward) {
     unsigned char *keys = malloc((size_t)n + 1);
     if (keys == NULL) return 0;
-    uint32_t count[4][256] = {{0}}; /* per quarter of the keys (the last one longest) */
+    uint32_t count[4][256] = {{0}};
     group_keys(keys, ctx, n, word);
-    Py_ssize_t q = n / 4;
-    for (Py_ssize_t i = 0; i < q; i++) { /* four histograms: no wait on the last increment */
+    Py_ssize_t i = 0;
+    for (; i + 4 <= n; i += 4) {  /* four histograms: no wait on the previous increment */
         count[0][keys[i]]++;
-        count[1][keys[q + i]]++;
-        count[2][keys[2 * q + i]]++;
-        count[3][keys[3 * q + i]]++;
+        count[1][keys[i + 1]]++;
+        count[2][keys[i + 2]]++;
+        count[3][keys[i + 3]]++;
     }
-    for (Py_ssize_t i = 4 * q; i < n; i++) count[3][keys[i]]++;
-    /* Key k's run starts after every smaller key's; quarter s's part of it after the
-     * parts of the quarters before s (a stable order: the quarters are in order). */
-    uint32_t start[4][256], at = 0;
-    for (int k = 0; k < 256; k++)
-        for (int s = 0; s < 4; s++) {
-            start[s][k] = at;
-            at += count[s][k];
-        }
+    for (; i < n; i++) count[0][keys[i]]++;
+    uint32_t start[256], at = 0;
+    for (int k = 0; k < 256; k++) {
+        start[k] = at;
+        at += count[0][k] + count[1][k] + count[2][k] + count[3][k];
+    }
     for (int p = 0; p < planes; p += 3) {
         int batch = planes - p < 3 ? planes - p : 3;
-        (forward ? move_to : move_back)(dst + p, src + p, batch, keys, n,
-                                        (const uint32_t(*)[256])start);
+        (forward ? move_to : move_back)(dst + p, src + p, batch, keys, n, start);
     }
     free(keys);
     return 1;
