@@ -135,3 +135,21 @@ def test_no_larger_than_zlib_ng_on_exponent_planes() -> None:
     assert ours is not None
     assert len(ours) <= len(theirs) * 1.001
     assert zlib.decompressobj(-15).decompress(ours) == plane
+
+
+# What the coder writes for a seeded 300 kB skewed input (ten blocks): like the golden
+# encoder pins, updated only when the coder changes on purpose (their fixtures are
+# small: no other pin covers a stream of several blocks of the default size).
+MULTIBLOCK_SHA256 = "c5c6854f299ec4745fe64aeb7087aac5bf51aa64a510969e7c535e017ffc787b"
+
+
+def test_a_multi_block_stream_is_pinned() -> None:
+    import hashlib
+
+    data = np.random.default_rng(20261201).geometric(0.2, 300_000).clip(0, 255)
+    raw = data.astype(np.uint8).tobytes()
+    assert len(raw) > 8 * deflate.BLOCK
+    out = deflate.literals(raw)
+    assert out is not None and zlib.decompressobj(-15).decompress(out) == raw
+    assert hashlib.sha256(out).hexdigest() == MULTIBLOCK_SHA256
+    assert deflate.literals_numpy(raw, deflate.BLOCK) == out

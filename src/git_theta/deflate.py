@@ -4,7 +4,7 @@ Each block of BLOCK input bytes is one dynamic-Huffman block coded with its own
 histogram's code (lengths at most 15 bits), ending in its end-of-block symbol, with two
 one-bit distance codes that are never used (inflaters want a complete code). zlib and
 ``_planes.inflate_literals`` read these streams. The C kernel (``_planes.deflate_literals``)
-writes them at ~530 MB/s where zlib-ng's Z_HUFFMAN_ONLY wrote ~230 MB/s; the NumPy code
+writes them ~2.1x as fast as zlib-ng's Z_HUFFMAN_ONLY (bench/deflate.py); the NumPy code
 below is its definition for builds without a compiler, and writes the same bytes.
 """
 
@@ -18,9 +18,12 @@ from git_theta import kernels
 if TYPE_CHECKING:
     import numpy as np
 
-# Input bytes per block: on MiniLM's exponent and delta planes 64 KiB came out 0.06%
-# smaller than zlib-ng's ~32 K-symbol blocks; 16 KiB was 0.1% larger, 1 MiB 0.2%.
-BLOCK = 1 << 16
+# Input bytes per block (bench/deflate.py): at 32 KiB the streams are zlib-ng's size on
+# both kinds of Huffman plane (MiniLM's exponent planes 1.0000x, an Adam-like delta's
+# 0.9999x); 64 KiB was 0.06% smaller on exponents but 2.4% larger on grouped delta
+# planes (sorted by the old exponent, their histogram drifts along the plane), 16 KiB
+# the reverse (+0.14%, -1.6%).
+BLOCK = 1 << 15
 MAX_BITS = 15  # deflate's longest literal code
 CL_MAX_BITS = 7  # and code-length code
 CL_ORDER = (16, 17, 18, 0, 8, 7, 9, 6, 10, 5, 11, 4, 12, 3, 13, 2, 14, 1, 15)
