@@ -284,6 +284,16 @@ def _unpack_plane(method: int, payload: bytes | memoryview, size: int) -> bytes 
         import zstandard  # on first use: 5 ms with its `platform`; BF16 planes never need it
 
         try:
+            # python-zstandard allocates what a frame header says its content is and
+            # ignores max_output_size then: a hostile object's 300 bytes could claim a
+            # terabyte. A claim past the plane's size is refused before anything is
+            # allocated; an unknown one (-1) is bounded by max_output_size.
+            claimed = zstandard.frame_content_size(payload)
+            if claimed > size:
+                raise ObjectCorruptError(
+                    f"content object is corrupt: a zstd plane claims {claimed} bytes, "
+                    f"expected {size}"
+                )
             out = _zstd_d().decompress(payload, max_output_size=size)
         except zstandard.ZstdError as exc:
             raise ObjectCorruptError(f"content object is corrupt: {exc}") from exc
