@@ -24,6 +24,22 @@ _STORAGE = {"F16": "<f2", "F32": "<f4", "F64": "<f8", "BF16": "<u2"}
 _UINT = {1: "u1", 2: "<u2", 4: "<u4", 8: "<u8"}
 
 
+def add_left(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a += b``, where both are NaN giving ``a``'s NaN (quieted) wherever the element
+    is, and return ``a``. NumPy's SIMD loop returns the left operand's NaN but its scalar
+    tail the right one's (the last elements of a tensor), and the C merge kernel always
+    the left one's (x86's rule): the definition pins it, so a merge's bytes do not depend
+    on the kernel or on where a NaN sits."""
+    left = np.isnan(a)
+    if not left.any():
+        a += b
+        return a
+    keep = a[left]
+    a += b
+    a[left] = keep + a.dtype.type(0)  # the one NaN of this add: quieted, in any order
+    return a
+
+
 def combinable(dtype: str) -> bool:
     """Return True when computing strategies (average, TIES, ...) can merge ``dtype``:
     F16, BF16, F32, F64 and the FP8 types. Integers, bool, complex, block-quantized and

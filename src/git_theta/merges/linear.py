@@ -7,6 +7,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from git_theta.merges._floats import add_left
 from git_theta.merges.base import MergeStrategy, Param, ParamValue
 
 # Shared by task-arithmetic, TIES and DARE (mergekit's names in parentheses).
@@ -38,8 +39,7 @@ def finish(
     scale = as_float(params, "lambda")
     if scale != 1:
         mixed *= mixed.dtype.type(scale)
-    base += mixed
-    return base
+    return add_left(base, mixed)
 
 
 class Average(MergeStrategy):
@@ -70,8 +70,7 @@ class Average(MergeStrategy):
         kind = ours.dtype.type
         ours *= kind(1.0 - weight)
         theirs *= kind(weight)
-        ours += theirs
-        return ours
+        return add_left(ours, theirs)
 
 
 class TaskArithmetic(MergeStrategy):
@@ -108,7 +107,7 @@ class TaskArithmetic(MergeStrategy):
         ours *= a
         theirs -= base
         theirs *= b
-        ours += theirs
+        add_left(ours, theirs)
         divisor = None
         if params["normalize"]:
             total = a + b

@@ -9,6 +9,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from git_theta.merges._floats import add_left
 from git_theta.merges.base import Blocks, MergeStrategy, Param, ParamValue
 from git_theta.merges.linear import LAMBDA, WEIGHTS, as_float, finish
 
@@ -119,7 +120,7 @@ def elect(
         if normalize:
             share = agrees * kind(weight)
             divisor = share if divisor is None else np.add(divisor, share, out=divisor)
-    ours += theirs
+    add_left(ours, theirs)
     if divisor is not None:
         divisor[divisor == 0] = 1
     return finish(base, ours, divisor, params)
