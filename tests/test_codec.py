@@ -658,3 +658,23 @@ def test_a_delta_is_encoded_without_holding_the_whole_difference(
     stored = sum(map(len, parts))
     assert peak - stored < len(new), (peak, stored)  # the difference is never whole
     assert Delta().apply(bytearray(old), b"".join(parts), "F32") == bytearray(new)
+
+
+@pytest.mark.parametrize("claim", [1 << 29, 1 << 40])
+def test_a_zstd_plane_claiming_more_than_its_size_is_refused_before_allocating(
+    claim: int,
+) -> None:
+    """python-zstandard allocates a frame header's content size whatever max_output_size
+    says: any object's plane (a tensor's as much as a glue's) is checked first."""
+    import tracemalloc
+
+    from test_review_s4_merge import _zstd_bomb
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(ObjectCorruptError, match="a zstd plane claims"):
+            codec.decode(_zstd_bomb(300, claim))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20
