@@ -114,6 +114,7 @@ def any_left(store: ObjectStore) -> bool:
 def take(store: ObjectStore, entry: TensorEntry, size: int) -> bytearray | None:
     """The value left for ``entry`` (``size`` bytes), removed from the directory; None
     when there is none or its bytes do not have the entry's hash."""
+    from git_theta import codec
     from git_theta.content import content_hash
 
     path = os.path.join(_dir(store), entry.hash)
@@ -124,7 +125,9 @@ def take(store: ObjectStore, entry: TensorEntry, size: int) -> bytearray | None:
     try:
         if os.fstat(fd).st_size != size:
             return None
-        value = bytearray(size)
+        # Not bytearray(size): zero-filling a fresh 150 MB buffer before reading into it
+        # was a fifth of the checkout that follows a merge. Every byte is read into it.
+        value = codec.new_buffer(size)
         view, got = memoryview(value), 0
         while got < size:
             n = os.readv(fd, [view[got:]])
