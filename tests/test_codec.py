@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -678,3 +679,16 @@ def test_a_zstd_plane_claiming_more_than_its_size_is_refused_before_allocating(
     finally:
         tracemalloc.stop()
     assert peak < 16 << 20
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=3000), step=st.integers(1, 9), skew=st.integers(1, 256))
+def test_c_kernel_entropy_is_the_python_formulas_double(data: bytes, step: int, skew: int) -> None:
+    """The plane method follows this number: the C kernel's and the formula's must be
+    the same double, or the kernels would write other objects."""
+    raw = bytes(b % skew for b in data)
+    counts = _planes.histogram(raw, step)
+    total = sum(counts)
+    expected = -math.fsum(c / total * math.log2(c / total) for c in counts if c)
+    got = _planes.entropy_bits(raw, step)
+    assert got is not None and got.hex() == expected.hex()

@@ -141,8 +141,12 @@ def recycle(buf: bytes | bytearray | memoryview) -> None:
 def _entropy_bits(plane: bytes | memoryview) -> float:
     """Order-0 entropy (bits per byte) of an evenly spaced sample of ``plane``."""
     step = max(1, len(plane) // _SAMPLE)
-    if kernels.native is not None:
-        counts: list[int] = kernels.native.histogram(plane, step)
+    native = kernels.native
+    if native is not None:
+        bits: float | None = native.entropy_bits(plane, step)  # the same double as below
+        if bits is not None:
+            return bits
+        counts: list[int] = native.histogram(plane, step)
     else:
         import numpy as np
 
