@@ -197,16 +197,23 @@ static void sample_counts(const unsigned char *p, Py_ssize_t len, Py_ssize_t ste
         counts[b] = (Py_ssize_t)(part[0][b] + part[1][b] + part[2][b] + part[3][b]);
 }
 
+/* (data, step) of histogram and entropy_bits: 0 with an exception set when they are
+ * not a buffer and a step of at least 1. */
+static int sample_args(PyObject *args, Py_buffer *in, Py_ssize_t *step) {
+    if (!PyArg_ParseTuple(args, "y*n", in, step)) return 0;
+    if (*step < 1) {
+        PyBuffer_Release(in);
+        PyErr_SetString(PyExc_ValueError, "step must be at least 1");
+        return 0;
+    }
+    return 1;
+}
+
 /* histogram(data, step) -> list of 256 counts of every step-th byte. */
 static PyObject *histogram(PyObject *self, PyObject *args) {
     Py_buffer in;
     Py_ssize_t step;
-    if (!PyArg_ParseTuple(args, "y*n", &in, &step)) return NULL;
-    if (step < 1) {
-        PyBuffer_Release(&in);
-        PyErr_SetString(PyExc_ValueError, "step must be at least 1");
-        return NULL;
-    }
+    if (!sample_args(args, &in, &step)) return NULL;
     Py_ssize_t counts[256];
     Py_BEGIN_ALLOW_THREADS
     sample_counts(in.buf, in.len, step, counts);
@@ -280,12 +287,7 @@ static double exact_sum(const double *x, int n) {
 static PyObject *entropy_bits(PyObject *self, PyObject *args) {
     Py_buffer in;
     Py_ssize_t step;
-    if (!PyArg_ParseTuple(args, "y*n", &in, &step)) return NULL;
-    if (step < 1) {
-        PyBuffer_Release(&in);
-        PyErr_SetString(PyExc_ValueError, "step must be at least 1");
-        return NULL;
-    }
+    if (!sample_args(args, &in, &step)) return NULL;
     Py_ssize_t counts[256], total = 0;
     double terms[256];
     int n = 0;
@@ -600,7 +602,7 @@ static void store_rounded(unsigned char *p, Py_ssize_t i, double v, int code) {
  * element still gets the same operations in the same order (from +0.0, rank 0 first),
  * and the columns vectorise. Built twice on x86-64, the second for CPUs with AVX2 and
  * FMA (chosen at run time): without FMA instructions every fmaf is a libm call, which
- * made a 384 x 384 rank-8 rebuild ~16 ms. The results are the same bits either way
+ * made the torch-steps rebuild several times slower. The results are the same bits either way
  * (fmaf is one rounding wherever it runs; -ffp-contract=off fuses nothing else). */
 #define LOWRANK_ROWS(SUFFIX, ATTR)                                                        \
     ATTR static void steps_row##SUFFIX(float *restrict acc, const float *restrict ra,     \
