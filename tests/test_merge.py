@@ -22,9 +22,9 @@ def arrays() -> dict[str, np.ndarray]:
     return {n: (rng.standard_normal((32, 32)) * 0.02).astype(np.float32) for n in "abcd"}
 
 
-def save_commit(repo: Path, values: dict[str, np.ndarray], message: str) -> None:
-    (repo / M).write_bytes(st_from_arrays(values))
-    git(repo, "add", M)
+def save_commit(repo: Path, values: dict[str, np.ndarray], message: str, path: str = M) -> None:
+    (repo / path).write_bytes(st_from_arrays(values))
+    git(repo, "add", path)
     git(repo, "commit", "-q", "-m", message)
 
 

@@ -113,11 +113,10 @@ def test_a_terminated_forced_add_leaves_no_index_lock(repo: Path) -> None:
 
     from conftest import git
     from st_files import st_from_arrays
+    from test_merge import save_commit
 
     w = np.arange(64, dtype=np.float32)
-    (repo / "model.safetensors").write_bytes(st_from_arrays({"w": w}))
-    git(repo, "add", "model.safetensors")
-    git(repo, "commit", "-q", "-m", "v1")
+    save_commit(repo, {"w": w}, "v1", "model.safetensors")
     w[3] += 1
     (repo / "model.safetensors").write_bytes(st_from_arrays({"w": w}))
     script = (
