@@ -391,6 +391,24 @@ def test_every_chain_is_folded_by_chains_apply_links() -> None:
     assert found <= {"chains.py", "testing.py"}, found
 
 
+def add_low_rank(
+    repo: Path, tmp_path: Path, values: dict[str, np.ndarray], r: np.ndarray, c: np.ndarray
+) -> None:
+    """Write ``values`` as m.safetensors, add it with ``--update-type low-rank`` and the
+    factors ``r``, ``c`` of tensor w (a file beside the repository), and commit "lora"."""
+    from st_files import st_from_arrays
+
+    (repo / "m.safetensors").write_bytes(st_from_arrays(values))
+    factors = tmp_path / "lora.safetensors"
+    factors.write_bytes(st_from_arrays({"w/R": r, "w/C": c}))
+    done = subprocess.run(
+        ["git", "theta", "add", "--update-type", "low-rank", "--update-path", str(factors),
+         "m.safetensors"], cwd=repo, capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    git(repo, "commit", "-q", "-m", "lora")
+
+
 def test_factor_objects_go_through_an_lfs_server(repo: Path, tmp_path: Path, server: Any) -> None:
     """Pushed to giftless (the batch API) and cloned: the factor objects are uploaded
     with the rest, and the low-rank version checks out bit for bit."""
@@ -406,15 +424,7 @@ def test_factor_objects_go_through_an_lfs_server(repo: Path, tmp_path: Path, ser
     git(repo, "commit", "-q", "-m", "base")
     new = reproduce(w.tobytes(), "F32", w.shape, Inputs("low-rank", (factor_of(r), factor_of(c))))
     assert new is not None
-    model.write_bytes(st_from_arrays({"w": np.frombuffer(new, "<f4").reshape(w.shape)}))
-    factors = tmp_path / "lora.safetensors"
-    factors.write_bytes(st_from_arrays({"w/R": r, "w/C": c}))
-    done = subprocess.run(
-        ["git", "theta", "add", "--update-type", "low-rank", "--update-path", str(factors),
-         "m.safetensors"], cwd=repo, capture_output=True, text=True,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    git(repo, "commit", "-q", "-m", "lora")
+    add_low_rank(repo, tmp_path, {"w": np.frombuffer(new, "<f4").reshape(w.shape)}, r, c)
     chain = manifest_of(repo, "m.safetensors")["tensors"]["w"]["chain"]
     assert [ln["update"] for ln in chain] == ["dense", "factor", "factor", "low-rank"]
     remote = tmp_path / "origin.git"

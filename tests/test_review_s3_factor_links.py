@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 from conftest import git
 from st_files import st_from_arrays
+from test_factor_links import add_low_rank
 
 from git_theta import chains, diffing
 from git_theta.content import content_hash
@@ -105,7 +106,6 @@ def test_history_names_an_unchanged_linked_tensor_as_diff_does(repo: Path, tmp_p
     from diffing ("dense+low-rank", factor links left out); an unchanged one's is built in
     api/_history.py from every link ("dense+factor+factor+low-rank"): the same chain
     shown two ways in consecutive revisions."""
-    import subprocess
 
     from git_theta import api
 
@@ -124,15 +124,7 @@ def test_history_names_an_unchanged_linked_tensor_as_diff_does(repo: Path, tmp_p
     new = reproduce(w.tobytes(), "F32", w.shape, lora)
     assert new is not None
     w2 = np.frombuffer(new, "<f4").reshape(w.shape)
-    model.write_bytes(st_from_arrays({"w": w2, "v": v}))
-    factors = tmp_path / "lora.safetensors"
-    factors.write_bytes(st_from_arrays({"w/R": r, "w/C": c}))
-    done = subprocess.run(
-        ["git", "theta", "add", "--update-type", "low-rank", "--update-path", str(factors),
-         "m.safetensors"], cwd=repo, capture_output=True, text=True,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    git(repo, "commit", "-q", "-m", "lora")
+    add_low_rank(repo, tmp_path, {"w": w2, "v": v}, r, c)
     model.write_bytes(st_from_arrays({"w": w2, "v": v + 1}))
     git(repo, "add", "m.safetensors")
     git(repo, "commit", "-q", "-m", "v only")
