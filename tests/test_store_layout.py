@@ -236,6 +236,39 @@ def test_a_corrupt_object_of_the_right_size_is_moved_aside_and_downloaded_again(
     assert sha256(repo / MODEL) == sha
 
 
+def test_a_damaged_base_under_an_intact_update_is_named_and_moved_aside(repo: Path) -> None:
+    """A chain's objects are verified by the tensor's content hash, their sha256 only
+    when that fails: a damaged base under an intact update must still be the object
+    named and moved aside, not the update, and the add of a next version must not build
+    on it (its previous value fails the same check, so it is stored afresh)."""
+    values = f32(SHAPES, 1)
+    (repo / MODEL).write_bytes(st_from_arrays(values))
+    git(repo, "add", MODEL)
+    git(repo, "commit", "-q", "-m", "v1")
+    values["emb"][0, :4] += 1.0  # a sparse update on the dense base
+    (repo / MODEL).write_bytes(st_from_arrays(values))
+    git(repo, "add", MODEL)
+    git(repo, "commit", "-q", "-m", "v2")
+    chain = json.loads(git(repo, "show", f"HEAD:{MODEL}").stdout)["tensors"]["emb"]["chain"]
+    assert [link["update"] for link in chain] == ["dense", "sparse"]
+    base, update = chain[0]["oid"], chain[1]["oid"]
+    damage(where(ours(repo), base), "flip")
+    done = check_out(repo)
+    assert done.returncode == 128
+    (line,) = [ln for ln in done.stderr.decode().splitlines() if ln.startswith("git-theta:")]
+    assert line == (
+        f"git-theta: error: {MODEL}: tensor 'emb': object {base} is corrupt (its sha256 does "
+        f"not match){MOVED_ASIDE}"
+    ), line
+    assert (repo / ".git/lfs/theta/corrupt" / base).is_file()
+    assert where(ours(repo), update).is_file()  # the intact update stays
+    values["emb"][1, :4] += 1.0
+    (repo / MODEL).write_bytes(st_from_arrays(values))
+    git(repo, "add", MODEL)
+    staged = json.loads(git(repo, "show", f":{MODEL}").stdout)["tensors"]["emb"]["chain"]
+    assert base not in {link["oid"] for link in staged}
+
+
 def test_a_corrupt_copy_in_git_lfs_dir_is_not_taken_in_for_good(repo: Path, tmp_path: Path) -> None:
     """A damaged download (or an older git-theta's damaged object) in git-lfs's directory:
     the checkout that finds it moves it aside (both names of it), the next one downloads."""
