@@ -29,6 +29,14 @@ def _fibonacci_bytes() -> bytes:
     return b"".join(out)
 
 
+def _tied_counts() -> bytes:
+    """200 symbols whose counts are a few values (1, 2, 300 and 9000), shuffled: the
+    leaves' sort must break every tie by symbol, across all bytes of the count."""
+    counts = np.random.default_rng(7).choice([1, 2, 300, 9000], 200)
+    data = np.repeat(np.arange(200, dtype=np.uint8), counts)
+    return np.random.default_rng(8).permutation(data).tobytes()
+
+
 CASES = {
     "empty": b"",
     "one byte": b"a",
@@ -39,6 +47,10 @@ CASES = {
     "geometric": rng.geometric(0.3, 300_000).clip(0, 255).astype(np.uint8).tobytes(),
     "fibonacci": _fibonacci_bytes(),
     "three symbols": rng.integers(0, 3, 70_000).astype(np.uint8).tobytes(),
+    # Every code at most 9 bits (the encoder's six-codes-a-flush loop), a length that is
+    # no multiple of six, over several 16 KiB pieces.
+    "short codes": rng.integers(0, 200, 100_001).astype(np.uint8).tobytes(),
+    "tied counts": _tied_counts(),
 }
 # Each needs more bits than it has: a stream of them is longer than the bytes (None).
 INCOMPRESSIBLE = {"empty", "one byte", "every byte", "random"}

@@ -1423,15 +1423,38 @@ done:
 #define LIT_SYMS 257 /* 256 literals and end-of-block */
 #define CL_SYMS 19
 
-typedef struct {
-    uint64_t freq;
-    int sym;
-} leaf_t;
+/* A leaf's sort key: frequency above, symbol in the low 9 bits, so ascending keys are
+ * ascending (frequency, symbol), the one order the NumPy definition sorts by. */
+#define SYM_BITS 9
 
-static int leaf_order(const void *a, const void *b) {
-    const leaf_t *x = a, *y = b;
-    if (x->freq != y->freq) return x->freq < y->freq ? -1 : 1;
-    return x->sym - y->sym;
+/* Sort keys[0..m) ascending: insertion for a few, else least-significant-byte radix
+ * passes over the bytes the largest key has (qsort's calls cost a tenth of a block). */
+static void sort_keys(uint64_t *keys, int m) {
+    if (m <= 24) {
+        for (int i = 1; i < m; i++) {
+            uint64_t k = keys[i];
+            int j = i;
+            for (; j > 0 && keys[j - 1] > k; j--) keys[j] = keys[j - 1];
+            keys[j] = k;
+        }
+        return;
+    }
+    uint64_t tmp[LIT_SYMS], top = 0, *from = keys, *to = tmp;
+    for (int i = 0; i < m; i++) top |= keys[i];
+    for (unsigned shift = 0; shift < 64 && (top >> shift); shift += 8) {
+        int start[256] = {0};
+        for (int i = 0; i < m; i++) start[(from[i] >> shift) & 255]++;
+        for (int b = 0, at = 0; b < 256; b++) {
+            int c = start[b];
+            start[b] = at;
+            at += c;
+        }
+        for (int i = 0; i < m; i++) to[start[(from[i] >> shift) & 255]++] = from[i];
+        uint64_t *t = from;
+        from = to;
+        to = t;
+    }
+    if (from != keys) memcpy(keys, from, (size_t)m * sizeof *keys);
 }
 
 /* Code lengths of at most `limit` bits for symbols 0..n-1 (n <= LIT_SYMS) with
@@ -1440,21 +1463,21 @@ static int leaf_order(const void *a, const void *b) {
  * it, one unit at a time. A lone symbol gets a partner (0, or 1 when it is 0), so the
  * code is complete: inflate_literals and zlib both require that. */
 static void code_lengths(const uint64_t *freq, int n, int limit, unsigned char *lens) {
-    leaf_t leaves[LIT_SYMS];
+    uint64_t leaves[LIT_SYMS];
     uint64_t weight[2 * LIT_SYMS];
     int parent[2 * LIT_SYMS], depth[2 * LIT_SYMS], count[2 * LIT_SYMS] = {0};
     int m = 0;
     memset(lens, 0, (size_t)n);
     for (int s = 0; s < n; s++)
-        if (freq[s]) leaves[m++] = (leaf_t){freq[s], s};
+        if (freq[s]) leaves[m++] = freq[s] << SYM_BITS | (uint64_t)s;
     if (m < 2) {
-        int only = m ? leaves[0].sym : 0;
+        int only = m ? (int)(leaves[0] & ((1u << SYM_BITS) - 1)) : 0;
         lens[only] = 1;
         lens[only == 0 ? 1 : 0] = 1;
         return;
     }
-    qsort(leaves, (size_t)m, sizeof *leaves, leaf_order);
-    for (int i = 0; i < m; i++) weight[i] = leaves[i].freq;
+    sort_keys(leaves, m);
+    for (int i = 0; i < m; i++) weight[i] = leaves[i] >> SYM_BITS;
     /* Two queues, both ascending: the sorted leaves, and the nodes in the order made. */
     int leaf = 0, node = m;
     for (int next = m; next < 2 * m - 1; next++) {
@@ -1496,7 +1519,7 @@ static void code_lengths(const uint64_t *freq, int n, int limit, unsigned char *
     /* The longest codes to the rarest symbols (leaves are in ascending frequency). */
     int i = 0;
     for (int d = longest; d >= 1; d--)
-        for (int c = 0; c < count[d]; c++) lens[leaves[i++].sym] = (unsigned char)d;
+        for (int c = 0; c < count[d]; c++) lens[leaves[i++] & ((1u << SYM_BITS) - 1)] = (unsigned char)d;
 }
 
 /* Canonical codes for `lens`, bit-reversed (deflate sends a code's top bit first). */
@@ -1624,29 +1647,74 @@ static int deflate_block(bw_t *w, const unsigned char *data, size_t len, int las
     }
     /* A code and its length in one word: code in the low 16 bits, length above. */
     uint32_t table[256];
-    for (int s = 0; s < 256; s++) table[s] = codes[s] | ((uint32_t)lens[s] << 16);
+    unsigned longest = 0;
+    for (int s = 0; s < 256; s++) {
+        table[s] = codes[s] | ((uint32_t)lens[s] << 16);
+        if (freq[s] && lens[s] > longest) longest = lens[s];
+    }
+    /* The writer in locals: through the struct, each group's store and reload of the
+     * buffer was the loop's longest chain. At most 7 bits are left after a flush, so a
+     * flush may follow 3 codes of <= 15 bits (45 + 7 <= 64) or, when the block's
+     * longest code is at most 9 bits, 6 of them (54 + 7). */
+    uint64_t buf = w->buf;
+    unsigned nbits = w->n;
+    unsigned char *out = w->p;
+#define PUT3(AT)                                                                           \
+    do {                                                                                   \
+        uint64_t a_ = table[data[AT]], b_ = table[data[(AT) + 1]], c_ = table[data[(AT) + 2]]; \
+        unsigned la_ = (unsigned)(a_ >> 16), lb_ = (unsigned)(b_ >> 16);                   \
+        bits3 = (a_ & 0xFFFF) | ((b_ & 0xFFFF) << la_) | ((c_ & 0xFFFF) << (la_ + lb_));    \
+        len3 = la_ + lb_ + (unsigned)(c_ >> 16);                                           \
+    } while (0)
+#define FLUSH()                                                                            \
+    do {                                                                                   \
+        uint64_t v_ = LE_8(buf);                                                           \
+        memcpy(out, &v_, 8);                                                               \
+        out += nbits >> 3;                                                                 \
+        buf >>= nbits & 56u;                                                               \
+        nbits &= 7u;                                                                       \
+    } while (0)
     for (size_t at = 0; at < len;) {
         /* In pieces of 16 KiB, each followed by a check against `stop`: the output may
          * pass it by at most one piece (15 bits a byte) before the encoder gives up. */
         size_t end = len - at > 16384 ? at + 16384 : len;
         i = at;
-        for (; i + 3 <= end; i += 3) { /* three codes of <= 15 bits on <= 7 left */
-            /* Joined first, then put once: the bit count is the only chain between
-             * groups of three. */
-            uint64_t a = table[data[i]], b = table[data[i + 1]], c = table[data[i + 2]];
-            unsigned la = (unsigned)(a >> 16), lb = (unsigned)(b >> 16);
-            uint64_t bits = (a & 0xFFFF) | ((b & 0xFFFF) << la) | ((c & 0xFFFF) << (la + lb));
-            bw_put(w, bits, la + lb + (unsigned)(c >> 16));
-            bw_flush(w);
+        uint64_t bits3;
+        unsigned len3;
+        if (longest <= 9) {
+            for (; i + 6 <= end; i += 6) {
+                PUT3(i);
+                uint64_t first = bits3;
+                unsigned first_len = len3;
+                PUT3(i + 3);
+                buf |= (first | (bits3 << first_len)) << nbits;
+                nbits += first_len + len3;
+                FLUSH();
+            }
+        }
+        for (; i + 3 <= end; i += 3) {
+            PUT3(i);
+            buf |= bits3 << nbits;
+            nbits += len3;
+            FLUSH();
         }
         for (; i < end; i++) {
             uint32_t a = table[data[i]];
-            bw_put(w, a & 0xFFFF, a >> 16);
-            bw_flush(w);
+            buf |= (uint64_t)(a & 0xFFFF) << nbits;
+            nbits += a >> 16;
+            FLUSH();
         }
-        if (w->p > stop) return 0;
+        if (out > stop) {
+            w->p = out;
+            return 0;
+        }
         at = end;
     }
+#undef PUT3
+#undef FLUSH
+    w->buf = buf;
+    w->n = nbits;
+    w->p = out;
     bw_put(w, codes[256], lens[256]);
     bw_flush(w);
     return w->p <= stop;
