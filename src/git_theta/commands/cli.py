@@ -211,8 +211,12 @@ def main(argv: list[str] | None = None) -> int:
     if (sys.argv[1:] if argv is None else argv) == ["filter-process"]:
         # git starts this for every command that touches a checkpoint; argparse alone
         # costs 15 ms of that start-up.
-        code = filter_process_command()
         if argv is None:  # the real process, not a test calling main()
+            from git_theta.commands.filter import for_one_command
+
+            for_one_command()
+        code = filter_process_command()
+        if argv is None:
             # Interpreter teardown (module finalisation, the helper thread) added 20-40 ms
             # to every git command; every file has been answered and closed by now.
             os._exit(code)

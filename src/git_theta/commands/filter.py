@@ -74,6 +74,21 @@ def _say_fell_back(path: str) -> None:
     )
 
 
+def for_one_command() -> None:
+    """Set this process up to serve one git command and exit (the filter git starts, or
+    a warm server's worker; never a process that imports git_theta as a library): malloc
+    keeps and reuses what is freed, at any size (``_planes.keep_freed_memory``), so the
+    buffers of tensors found unchanged, or already encoded, are what the next ones are
+    read and decoded into. Fresh pages cost a fault and zeroing each, and an add touched
+    nearly twice its largest tensor's worth of them; codec's spare buffers, which keep
+    freed buffers for the next of the same size only, then only stand in malloc's way."""
+    from git_theta import codec, kernels
+
+    native = kernels.native
+    if native is not None and native.keep_freed_memory():
+        codec.SPARE_MAX = 0
+
+
 def filter_process() -> int:
     """Serve ``filter.theta.process`` for one git command."""
 
