@@ -75,8 +75,9 @@ def _say_fell_back(path: str) -> None:
 
 
 def for_one_command() -> None:
-    """Set this process up to serve one git command and exit (the filter git starts, or
-    a warm server's worker; never a process that imports git_theta as a library): malloc
+    """Set this process up to serve one git command and exit (the filter git starts, a
+    warm server's worker, git's merge driver; never a process that imports git_theta as
+    a library): malloc
     keeps and reuses what is freed, at any size (``_planes.keep_freed_memory``), so the
     buffers of tensors found unchanged, or already encoded, are what the next ones are
     read and decoded into. Fresh pages cost a fault and zeroing each, and an add touched
