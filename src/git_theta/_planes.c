@@ -978,6 +978,7 @@ typedef struct {
     uint16_t count[MAXBITS + 1]; /* codes of each length */
     uint16_t symbol[288];        /* symbols in canonical order */
     uint16_t single[LUT_SIZE];   /* (symbol << 4) | length for codes <= LUT bits, else 0 */
+    int first, index;            /* huff_decode's walk after LUT bits of a longer code */
 } huff_t;
 
 /* Canonical code from lengths; 0 unless the code is complete (zlib rejects most
@@ -998,6 +999,15 @@ static int huff_build(huff_t *h, const unsigned char *lens, int n) {
     for (int s = 0; s < n; s++)
         if (lens[s]) h->symbol[offs[lens[s]]++] = (uint16_t)s;
     memset(h->single, 0, sizeof h->single);
+    /* Where huff_decode's walk stands after LUT bits that begin no code of <= LUT bits
+     * (the same for every such prefix): it resumes there instead of at bit one. */
+    int first = 0, index = 0;
+    for (int len = 1; len <= LUT; len++) {
+        index += h->count[len];
+        first = (first + h->count[len]) << 1;
+    }
+    h->first = first;
+    h->index = index;
     uint32_t code = 0;
     int k = 0;
     for (int len = 1; len <= LUT; len++) {
@@ -1021,8 +1031,14 @@ static int huff_decode(const huff_t *h, bits_t *b) {
         b->n -= e & 15;
         return e >> 4;
     }
-    int code = 0, first = 0, index = 0;
-    for (int len = 1; len <= MAXBITS; len++) {
+    /* A code longer than LUT bits (the table has none of <= LUT starting so): its first
+     * LUT bits, most significant first, then bit by bit on from the walk's state there. */
+    uint32_t top = (uint32_t)(b->buf & (LUT_SIZE - 1)), rev = 0;
+    for (int j = 0; j < LUT; j++) rev |= ((top >> j) & 1u) << (LUT - 1 - j);
+    b->buf >>= LUT;
+    b->n -= LUT;
+    int code = (int)rev << 1, first = h->first, index = h->index;
+    for (int len = LUT + 1; len <= MAXBITS; len++) {
         code |= (int)(b->buf & 1);
         b->buf >>= 1;
         b->n--;
@@ -1373,12 +1389,31 @@ static PyObject *group_gain(PyObject *self, PyObject *args) {
     int row[256], groups = 0;
     Py_ssize_t total = (plane.len + step - 1) / step;
     unsigned char *keys = malloc((size_t)total + 1);  /* the sample's keys: read once */
-    for (Py_ssize_t t = 0; keys != NULL && t < total; t++)
-        sizes[keys[t] = group_key(ctx + t * step * word, word)]++;
+    if (keys != NULL) {
+        /* Counted in four tables, summed: most samples share a few keys, and one
+         * table's counter waited on its own last increment. */
+        uint32_t part[4][256] = {{0}};
+        Py_ssize_t t = 0;
+        for (; t + 4 <= total; t += 4)
+            for (int k = 0; k < 4; k++)
+                part[k][keys[t + k] = group_key(ctx + (t + k) * step * word, word)]++;
+        for (; t < total; t++) part[0][keys[t] = group_key(ctx + t * step * word, word)]++;
+        for (int k = 0; k < 256; k++) sizes[k] = part[0][k] + part[1][k] + part[2][k] + part[3][k];
+    }
     for (int k = 0; k < 256; k++) row[k] = sizes[k] ? groups++ : -1;
-    counts = keys == NULL ? NULL : calloc((size_t)(groups ? groups : 1) * 256, sizeof *counts);
+    /* Two tables of counts, one per half of the sample, summed into the first: where a
+     * plane is mostly one byte, one table's counter was a chain of increments. */
+    size_t cells = (size_t)(groups ? groups : 1) * 256;
+    counts = keys == NULL ? NULL : calloc(2 * cells, sizeof *counts);
     if (counts != NULL && total) {
-        for (Py_ssize_t t = 0; t < total; t++) counts[row[keys[t]] * 256 + p[t * step]]++;
+        uint32_t *second = counts + cells;
+        Py_ssize_t half = total / 2;
+        for (Py_ssize_t t = 0; t < half; t++) {
+            counts[row[keys[t]] * 256 + p[t * step]]++;
+            second[row[keys[t + half]] * 256 + p[(t + half) * step]]++;
+        }
+        for (Py_ssize_t t = 2 * half; t < total; t++) counts[row[keys[t]] * 256 + p[t * step]]++;
+        for (size_t c = 0; c < cells; c++) counts[c] += second[c];
         uint32_t marginal[256] = {0};
         Py_ssize_t m0 = 0, mk = 0, present = 0;
         double within = 0.0;
