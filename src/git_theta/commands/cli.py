@@ -281,6 +281,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "merge-driver":
             from git_theta.commands.merge import merge_driver
 
+            if argv is None:  # git's merge driver: a process per conflicted file
+                from git_theta.commands.filter import for_one_command
+
+                for_one_command()
             return merge_driver(args.base, args.ours, args.theirs, args.path)
         if args.command == "ls-files":
             from git_theta.commands.inspect import ls_files
