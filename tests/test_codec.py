@@ -379,6 +379,21 @@ def test_c_kernel_and_numpy_group_planes_alike(word: int, count: int, data: st.D
     assert codec._group_numpy(grouped, context, word, False) == planes
 
 
+@pytest.mark.parametrize("n", [3, 4, 10_003, 65_536])
+def test_c_grouping_keeps_the_stable_order_where_keys_repeat(n: int) -> None:
+    """A weight tensor's keys are a few exponents, repeated in runs and across the whole
+    chunk (which the C kernel walks in parts): the order is still the stable sort's."""
+    rng = np.random.default_rng(n)
+    values = (rng.standard_normal(n) * 0.02).astype("<f4")
+    values[: n // 3] = 0.5  # a long run of one key
+    context = values.tobytes()
+    planes = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for _ in range(4)]
+    for count in (1, 2, 3, 4):
+        grouped = _planes.group(planes[:count], context, 4, True)
+        assert grouped == codec._group_numpy(planes[:count], context, 4, True)
+        assert _planes.group(grouped, context, 4, False) == planes[:count]
+
+
 @settings(max_examples=80, deadline=None)
 @given(
     word=st.sampled_from([2, 4, 8]),
