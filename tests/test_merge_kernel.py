@@ -81,14 +81,18 @@ def three(dtype: str, seed: int, with_specials: bool = True) -> tuple[np.ndarray
 def both_kernels(
     key: str, b: np.ndarray | None, o: np.ndarray, t: np.ndarray, dtype: str, /, **raw: str
 ) -> Iterator[TensorMerge | str]:
-    """The merge (or its error's message) under the NumPy definition, then the C kernel."""
+    """The merge (or its error's message) under the NumPy definition, then the C kernel,
+    then the C kernel writing its result over (a copy of) theirs."""
     strategy = MERGES.get(key)
     params = parse_params(strategy, raw)
-    for kernel in (None, merge_kernel):
+    for kernel, in_theirs in ((None, False), (merge_kernel, False), (merge_kernel, True)):
         saved = kernels.merge
         kernels.merge = kernel
         try:
-            yield merge_tensor(strategy, params, b, o, t, dtype, tensor="h.0.w")
+            side = t.copy() if in_theirs else t
+            yield merge_tensor(
+                strategy, params, b, o, side, dtype, tensor="h.0.w", overwrite_theirs=in_theirs
+            )
         except MergeError as exc:
             yield str(exc)
         finally:
@@ -97,15 +101,16 @@ def both_kernels(
 
 def assert_same(key: str, b: np.ndarray | None, o: np.ndarray, t: np.ndarray, dtype: str,
                 /, **raw: str) -> None:  # fmt: skip
-    want, got = both_kernels(key, b, o, t, dtype, **raw)
-    if isinstance(want, str) or isinstance(got, str):
-        assert got == want
-        return
-    assert got.data.dtype == want.data.dtype and got.data.shape == want.data.shape
-    assert got.data.tobytes() == want.data.tobytes()
-    counts = ("unchanged", "from_ours", "from_theirs", "same", "merged")
-    assert [getattr(got, c) for c in counts] == [getattr(want, c) for c in counts]
-    assert got.params == want.params
+    want, *gots = both_kernels(key, b, o, t, dtype, **raw)
+    for got in gots:
+        if isinstance(want, str) or isinstance(got, str):
+            assert got == want
+            continue
+        assert got.data.dtype == want.data.dtype and got.data.shape == want.data.shape
+        assert got.data.tobytes() == want.data.tobytes()
+        counts = ("unchanged", "from_ours", "from_theirs", "same", "merged")
+        assert [getattr(got, c) for c in counts] == [getattr(want, c) for c in counts]
+        assert got.params == want.params
 
 
 CASES = [
@@ -160,9 +165,9 @@ def test_the_cut_of_a_task_vector_full_of_nan_keeps_what_the_definition_keeps(dt
 ])  # fmt: skip
 def test_inf_from_finite_versions_is_the_same_error(dtype: str, raw: dict[str, str]) -> None:
     b, o, t = three(dtype, seed=5)
-    want, got = both_kernels("task-arithmetic", b, o, t, dtype, **raw)
+    want, got, in_theirs = both_kernels("task-arithmetic", b, o, t, dtype, **raw)
     assert isinstance(want, str) and "gives values that are not finite for" in want
-    assert got == want
+    assert got == want and in_theirs == want
 
 
 @pytest.mark.parametrize(("dtype", "storage"), [("I8", "i1"), ("I16", "<i2"), ("I32", "<i4"),
@@ -274,3 +279,81 @@ def test_ties_with_nothing_changed_differently_on_both_sides(dtype: str) -> None
 def test_empty_and_tiny_tensors(n: int, key: str) -> None:
     b, o, t = (side[:n] for side in three("F32", seed=6))
     assert_same(key, b, o, t, "F32", **({"density": "0.5"} if key == "ties" else {}))
+
+
+@pytest.mark.parametrize("dtype", ["F32", "BF16", "F64", "I16"])
+@pytest.mark.parametrize("key", ["average", "ties", "theirs"])
+def test_the_kernel_merges_over_theirs_when_allowed_and_never_otherwise(
+    dtype: str, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Written over theirs, the largest tensor's merge holds three tensor-sized buffers
+    instead of four; unless allowed to, the merge never touches theirs."""
+    monkeypatch.setattr(kernels, "merge", merge_kernel)  # under GIT_THETA_KERNELS=numpy too
+    if dtype == "I16":
+        rng = np.random.default_rng(6)
+        b = rng.integers(0, 3, N).astype("<i2")
+        o, t = b ^ rng.integers(0, 2, N).astype("<i2"), b ^ rng.integers(0, 2, N).astype("<i2")
+    else:
+        b, o, t = three(dtype, seed=8, with_specials=False)
+    strategy = MERGES.get(key)
+    params = parse_params(strategy, {"density": "0.5"} if key == "ties" else {})
+    if dtype == "I16" and key != "theirs":
+        return  # only a side pick merges integers
+    kept = t.copy()
+    fresh = merge_tensor(strategy, params, b, o, t, dtype)
+    assert t.tobytes() == kept.tobytes() and not np.shares_memory(fresh.data, t)
+    over = merge_tensor(strategy, params, b, o, t, dtype, overwrite_theirs=True)
+    assert np.shares_memory(over.data, t)
+    assert over.data.tobytes() == fresh.data.tobytes()
+
+
+def test_a_strategy_the_kernel_does_not_run_leaves_theirs_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(kernels, "merge", merge_kernel)
+    b, o, t = three("F32", seed=12)
+    kept = t.copy()
+    slerp = MERGES.get("slerp")
+    params = parse_params(slerp, {"t": "0.4"})
+    got = merge_tensor(slerp, params, b, o, t, "F32", overwrite_theirs=True)
+    assert t.tobytes() == kept.tobytes() and not np.shares_memory(got.data, t)
+
+
+def test_the_kernel_refuses_an_output_overlapping_another_input() -> None:
+    b, o, t = three("F32", seed=13, with_specials=False)
+    raw = bytearray(o.tobytes() + t.tobytes())
+    both = np.frombuffer(raw, dtype="<u4")
+    mine, theirs = both[:N], both[N:]
+    args = (1, 4, 3, (0.5, 0.5, 1.0, 1.0, False, False, False, 0.0, -1, False, 0.0, -1))
+    for out in (mine, both[1 : N + 1], both[N - 1 : 2 * N - 1]):
+        with pytest.raises(ValueError, match="overlaps an input other than theirs"):
+            merge_kernel.threeway(out, b, mine, theirs, *args)
+    merge_kernel.threeway(theirs, b, mine, theirs, *args)  # exactly theirs: allowed
+
+
+@pytest.mark.parametrize("word", [1, 2, 4, 8])
+def test_a_delta_added_out_of_place_has_the_in_place_bits(word: int) -> None:
+    from git_theta import _planes
+
+    rng = np.random.default_rng(word)
+    base = rng.integers(0, 256, 8 * 9_999, dtype=np.uint8).tobytes()
+    z = rng.integers(0, 256, len(base), dtype=np.uint8)
+    z[::7] = 0xFF  # the largest folded values: wrapping both ways
+    want = bytearray(base)
+    _planes.unzigzag_add(want, z.tobytes(), word)
+    out = bytearray(len(base))
+    merge_kernel.add_delta(out, base, z.tobytes(), word)
+    assert out == want
+
+
+def test_a_delta_added_out_of_place_refuses_bad_arguments() -> None:
+    base, z = bytes(64), bytes(64)
+    with pytest.raises(ValueError, match="word must be 1, 2, 4 or 8, not 3"):
+        merge_kernel.add_delta(bytearray(64), base, z, 3)
+    with pytest.raises(ValueError, match="differ in length or are not whole words"):
+        merge_kernel.add_delta(bytearray(60), base, z, 4)
+    with pytest.raises(ValueError, match="differ in length or are not whole words"):
+        merge_kernel.add_delta(bytearray(62), base[:62], z[:62], 4)
+    shared = bytearray(128)
+    with pytest.raises(ValueError, match="out overlaps an input"):
+        merge_kernel.add_delta(memoryview(shared)[:64], memoryview(shared)[32:96], z, 4)

@@ -193,3 +193,27 @@ def test_a_streamed_value_is_left_only_when_every_piece_passed(repo: Path) -> No
     assert list(merged_values.keep_pieces(store, "d" * 64, 4, pieces(False))) == [b"ab", b"cd"]
     assert [p.name for p in kept.iterdir()] == ["d" * 64]
     assert (kept / ("d" * 64)).read_bytes() == b"abcd"
+
+
+def test_a_side_one_delta_past_the_base_is_added_out_of_place_with_the_chains_bits(
+    repo: Path, fine_tunes: dict[str, np.ndarray]
+) -> None:
+    from git_theta import chains, kernels, merging
+    from git_theta.errors import ObjectCorruptError
+
+    if kernels.merge is None:
+        pytest.skip("the C merge kernel is not built")
+    base, theirs = at(repo, "main~1"), at(repo, "left")
+    store = Repo(str(repo)).store
+    for name in "cd":
+        b, t = base.tensors[name], theirs.tensors[name]
+        assert t.chain[:-1] == b.chain and t.chain[-1].update == "delta"  # else moot
+        base_value = chains.rebuild(name, b, store)
+        kept = bytes(base_value)
+        got = merging._delta_on(t.chain[len(b.chain) :], t.dtype, base_value, store)
+        assert got == chains.rebuild(name, t, store)
+        assert base_value == kept  # the base stays for the other side and the merge
+        assert merging._on_base(t, b, base_value, store) == got
+        # A delta for another size is refused, and the caller takes the long way.
+        with pytest.raises(ObjectCorruptError):
+            merging._delta_on(t.chain[len(b.chain) :], t.dtype, base_value[:-4], store)

@@ -195,7 +195,7 @@ typedef struct {
  * arithmetic). The choice of strategy and of a base is made once, outside the loop. */
 #define PASS(NAME, U, W, WIDEN, NARROW, FINITE)                                         \
     static inline __attribute__((always_inline)) void NAME##_with(                      \
-        pass_t *r, const int s, const int has_base, const params_t *p) {                \
+        pass_t *r, const int s, const int has_base, const int in_t, const params_t *p) { \
         const W##_params q = W##_of(p);                                                 \
         const unsigned char *restrict pb = r->b, *restrict po = r->o, *restrict pt = r->t; \
         unsigned char *restrict pout = r->out;                                          \
@@ -206,8 +206,10 @@ typedef struct {
             const int last_o = (int)(q.last_o < start ? -1 : (q.last_o - start < BLOCK ? q.last_o - start : BLOCK)); \
             const int last_t = (int)(q.last_t < start ? -1 : (q.last_t - start < BLOCK ? q.last_t - start : BLOCK)); \
             const unsigned char *bb = pb + start * sizeof(U), *ob = po + start * sizeof(U); \
-            const unsigned char *tb = pt + start * sizeof(U);                           \
             unsigned char *out = pout + start * sizeof(U);                              \
+            /* In place over theirs (in_t): its units are read through `out` itself,   \
+             * each before the unit is written, so the restrict pointers stay apart. */ \
+            const unsigned char *tb = in_t ? out : pt + start * sizeof(U);              \
             int c0 = 0, c1 = 0, c2 = 0, c3 = 0, c4 = 0, bad = 0;                        \
             for (int j = 0; j < len; j++) {                                             \
                 U o, t, b, v;                                                           \
@@ -247,13 +249,18 @@ typedef struct {
             }                                                                           \
         }                                                                               \
     }                                                                                   \
+    static inline __attribute__((always_inline)) void NAME##_in(                        \
+        pass_t *r, const int s, const int has_base, const params_t *p) {                \
+        if (r->out == r->t) NAME##_with(r, s, has_base, 1, p);                          \
+        else NAME##_with(r, s, has_base, 0, p);                                         \
+    }                                                                                   \
     TARGETS static void NAME(pass_t *r, int s, const params_t *p) {                     \
         if (r->b != NULL) {                                                             \
-            if (s == S_AVERAGE) NAME##_with(r, S_AVERAGE, 1, p);                        \
-            else if (s == S_TASK) NAME##_with(r, S_TASK, 1, p);                         \
-            else NAME##_with(r, S_TIES, 1, p);                                          \
+            if (s == S_AVERAGE) NAME##_in(r, S_AVERAGE, 1, p);                          \
+            else if (s == S_TASK) NAME##_in(r, S_TASK, 1, p);                           \
+            else NAME##_in(r, S_TIES, 1, p);                                            \
         } else {                                                                        \
-            NAME##_with(r, S_AVERAGE, 0, p); /* the only one that needs no base */      \
+            NAME##_in(r, S_AVERAGE, 0, p); /* the only one that needs no base */        \
         }                                                                               \
     }
 
@@ -270,7 +277,8 @@ PASS(pass_f16, uint16_t, float, widen_f16, narrow_f16, finite_f16)
 PASS(pass_bf16, uint16_t, float, widen_bf16, narrow_bf16, finite_bf16)
 PASS(pass_f64, uint64_t, double, widen_f64, narrow_f64, finite_f64)
 
-/* A side-picking strategy on units of 1, 2, 4 or 8 bytes of any dtype: where both sides
+/* A side-picking strategy on units of 1, 2, 4 or 8 bytes of any dtype (no restrict: `out`
+ * may be theirs, each unit read before it is written): where both sides
  * changed a unit differently, that side's bits. */
 #define PICK(NAME, U)                                                                   \
     static void NAME(pass_t *r, int s) {                                                \
@@ -311,9 +319,17 @@ static int parse_params(PyObject *tuple, params_t *p) {
 
 static const Py_ssize_t kind_size[] = {0, 4, 2, 2, 8};
 
+/* Whether two buffers share any byte. */
+static int overlap(const Py_buffer *x, const Py_buffer *y) {
+    const char *x0 = x->buf, *y0 = y->buf;
+    return x->len > 0 && y->len > 0 && x0 < y0 + y->len && y0 < x0 + x->len;
+}
+
 /* threeway(out, base, ours, theirs, kind, unit, strategy, params) -> (counts, bad)
  *
- * Fills `out` (writable, the size of `ours`) by the three-way rule. kind 0 with a
+ * Fills `out` (writable, the size of `ours`) by the three-way rule; `out` may be
+ * `theirs` itself (the merge then needs no fourth tensor-sized buffer), and overlaps
+ * no other input. kind 0 with a
  * side-picking strategy works on raw units of `unit` bytes; kinds 1-4 (F32, F16, BF16,
  * F64) with average, task arithmetic or TIES compute the conflicting elements. params:
  * (wo, wt, divisor, lambda, has_divisor, normalize, cut_o, mag_o, last_o, cut_t, mag_t,
@@ -348,6 +364,11 @@ static PyObject *threeway(PyObject *self, PyObject *args) {
     }
     if (!have_b && (strategy == S_BASE || strategy == S_TASK || strategy == S_TIES)) {
         PyErr_SetString(PyExc_ValueError, "this strategy needs the base");
+        goto done;
+    }
+    if (overlap(&out, &o) || (have_b && overlap(&out, &b)) ||
+        (overlap(&out, &t) && out.buf != t.buf)) {
+        PyErr_SetString(PyExc_ValueError, "out overlaps an input other than theirs");
         goto done;
     }
     pass_t r = {have_b ? b.buf : NULL, o.buf, t.buf, out.buf, o.len / unit, {0}, 0};
@@ -576,11 +597,85 @@ static PyObject *narrow(PyObject *self, PyObject *args) {
     return res;
 }
 
+/* --- a side's value from the base and its delta, out of place --------------------- */
+
+/* The words of a value are little-endian (updates/delta.py), the arithmetic native. */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+#define LE16(w) __builtin_bswap16(w)
+#define LE32(w) __builtin_bswap32(w)
+#define LE64(w) __builtin_bswap64(w)
+#else
+#define LE16(w) (w)
+#define LE32(w) (w)
+#define LE64(w) (w)
+#endif
+#define LE8(w) (w)
+
+/* out = base + unfold(z) per word, wrapping: _planes.unzigzag_add's bits, written to a
+ * third buffer. A merge keeps the base for the other side and the merge step, so the
+ * in-place form needed a copy of it first: a whole extra pass over every tensor. */
+#define ADD_DELTA(NAME, U, LE)                                                          \
+    TARGETS static void NAME(unsigned char *restrict out, const unsigned char *restrict base, \
+                             const unsigned char *restrict pz, Py_ssize_t n) {          \
+        for (Py_ssize_t i = 0; i < n; i++) {                                            \
+            U z, b;                                                                     \
+            memcpy(&z, pz + i * sizeof(U), sizeof(U));                                  \
+            memcpy(&b, base + i * sizeof(U), sizeof(U));                                \
+            z = LE(z);                                                                  \
+            U d = (U)((U)(z >> 1) ^ (U)(0 - (U)(z & 1)));                               \
+            U v = LE((U)(LE(b) + d));                                                   \
+            memcpy(out + i * sizeof(U), &v, sizeof(U));                                 \
+        }                                                                               \
+    }
+
+ADD_DELTA(add_delta1, uint8_t, LE8)
+ADD_DELTA(add_delta2, uint16_t, LE16)
+ADD_DELTA(add_delta4, uint32_t, LE32)
+ADD_DELTA(add_delta8, uint64_t, LE64)
+
+/* add_delta(out, base, z, word): out = base + unfold(z), per word of 1, 2, 4 or 8 bytes
+ * (wrapping); the three the same length, whole words. `out` may not overlap the others. */
+static PyObject *add_delta(PyObject *self, PyObject *args) {
+    Py_buffer out, b, z;
+    int word;
+    if (!PyArg_ParseTuple(args, "w*y*y*i", &out, &b, &z, &word)) return NULL;
+    PyObject *result = NULL;
+    if (word != 1 && word != 2 && word != 4 && word != 8) {
+        PyErr_Format(PyExc_ValueError, "word must be 1, 2, 4 or 8, not %d", word);
+        goto done;
+    }
+    if (out.len != b.len || z.len != b.len || b.len % word) {
+        PyErr_SetString(PyExc_ValueError, "values differ in length or are not whole words");
+        goto done;
+    }
+    if (overlap(&out, &b) || overlap(&out, &z)) {
+        PyErr_SetString(PyExc_ValueError, "out overlaps an input");
+        goto done;
+    }
+    Py_ssize_t n = b.len / word;
+    Py_BEGIN_ALLOW_THREADS
+    switch (word) {
+    case 1: add_delta1(out.buf, b.buf, z.buf, n); break;
+    case 2: add_delta2(out.buf, b.buf, z.buf, n); break;
+    case 4: add_delta4(out.buf, b.buf, z.buf, n); break;
+    default: add_delta8(out.buf, b.buf, z.buf, n); break;
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&b);
+    PyBuffer_Release(&z);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"threeway", threeway, METH_VARARGS, "The element-wise three-way merge of one tensor."},
     {"conflicts", conflicts, METH_VARARGS, "Whether both sides changed a unit differently."},
     {"cut", cut, METH_VARARGS, "TIES's cut of |side - base|: (magnitude, last)."},
     {"narrow", narrow, METH_VARARGS, "float32 values rounded to F16 or BF16 bits."},
+    {"add_delta", add_delta, METH_VARARGS, "out = base + the unfolded zigzag delta z."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -201,7 +201,9 @@ class _Tensors:
         values: list[bytearray | None],
     ) -> TensorMerge:
         """Run the element-wise step with ``choice``'s strategy; raises MergeError (or
-        UsageError for bad params) naming the tensor."""
+        UsageError for bad params) naming the tensor. The result may be written over
+        theirs' value (``values[2]``, which no caller reads again): no fourth
+        tensor-sized buffer of fresh pages for the largest tensor."""
         from git_theta.merges.base import merge_tensor, parse_params
 
         strategy = _strategy(choice.strategy)
@@ -217,6 +219,7 @@ class _Tensors:
             _view(t, dtype),
             dtype,
             tensor=name,
+            overwrite_theirs=True,
         )
 
     def store(
@@ -404,6 +407,13 @@ def give_back(value: object, *live: object) -> None:
         codec.recycle(value)
 
 
+def _theirs_done(values: list[bytearray | None], merged: TensorMerge) -> None:
+    """Drop theirs' value from the decoded (base, ours, theirs) once merged, recycling
+    its buffer unless the merge wrote its result there (or it is another side's)."""
+    give_back(values[2], values[0], values[1], _owner(merged.data))
+    values[2] = None
+
+
 def _owner(array: object) -> object:
     """The object whose memory NumPy ``array`` views (a bytearray for a merge result)."""
     import numpy as np
@@ -428,13 +438,56 @@ def _on_base(
         return None
     from git_theta import codec
 
-    out = codec.new_buffer(len(value))  # updates apply in place; the base is used again
-    out[:] = value
     try:
-        out = chains.apply_links(out, entry.chain[n:], entry.dtype, store, len(value))
+        out = _delta_on(entry.chain[n:], entry.dtype, value, store)
+        if out is None:
+            out = codec.new_buffer(len(value))  # updates apply in place; the base is kept
+            out[:] = value
+            out = chains.apply_links(out, entry.chain[n:], entry.dtype, store, len(value))
     except ThetaError:
         return None
     return out if content_hash(out) == entry.hash else None
+
+
+def _delta_on(
+    links: tuple[Link, ...], dtype: str, base: bytearray, store: ObjectStore
+) -> bytearray | None:
+    """``base`` plus the one delta update ``links`` holds, written to a new buffer in one
+    pass (the merge kernel's add_delta) instead of a copy of the base that the delta is
+    then added to; None when ``links`` are anything else or there is no C kernel (the
+    caller applies them as a chain). Raises ObjectCorruptError for a malformed delta."""
+    from git_theta import codec, kernels
+    from git_theta.errors import ObjectCorruptError
+    from git_theta.parallel import chunk_pool
+    from git_theta.updates import UPDATES
+    from git_theta.updates.delta import Delta
+    from git_theta.updates.delta import _size as word_size  # the delta's word for dtype
+
+    kernel = kernels.merge
+    if kernel is None or len(links) != 1 or links[0].update != Delta.key:
+        return None
+    if links[0].codec != Delta.codec or type(UPDATES.get(Delta.key)) is not Delta:
+        return None  # a plugin registered under the key: its own apply
+    size = word_size(dtype)
+    payload = store.get(links[0].ref)
+    out = codec.new_buffer(len(base))
+    out_view, base_view = memoryview(out), memoryview(base)
+
+    def add(start: int, z: memoryview) -> None:
+        end = start + len(z)
+        if end > len(out):
+            raise ObjectCorruptError("delta is longer than the previous value")
+        try:
+            kernel.add_delta(out_view[start:end], base_view[start:end], z, size)
+        except ValueError as exc:  # not whole words
+            raise ObjectCorruptError(f"delta is malformed: {exc}") from None
+
+    # Not recycled when this raises: a chunk still being added may write to it.
+    got = codec.decode_each(payload, add, pool=chunk_pool(), limit=len(base), context=base)
+    out_view.release()
+    if got != len(base):
+        raise ObjectCorruptError("delta does not match the size of the previous value")
+    return out
 
 
 def merge3(
@@ -713,8 +766,7 @@ def _merge_both(
             question = Question(name, "changed on both sides", True, entries3)
             question.both = done.merged
             return "ask", question, None
-        give_back(values[2], values[0], values[1])  # theirs is not needed to store it
-        values[2] = None
+        _theirs_done(values, done)  # not needed to store it
         return (
             "done",
             merger.store(name, o, values, done, b)._replace(merge=_record(choice, done)),
@@ -755,8 +807,7 @@ def _merge_both(
         except MergeError as exc:
             conflict(name, str(exc))
             continue
-        give_back(values[2], values[0], values[1])
-        values[2] = None
+        _theirs_done(values, done)
         record = _record(choice, done)
         stored = merger.store(name, ours.tensors[name], values, done, entries3[0])
         tensors[name] = stored._replace(merge=record)

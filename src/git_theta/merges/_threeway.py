@@ -115,6 +115,7 @@ def merge(
     theirs: np.ndarray,
     dtype: str,
     tensor: str,
+    overwrite_theirs: bool = False,
 ) -> TensorMerge:
     """See base.merge_tensor."""
     used = dict(params)
@@ -131,7 +132,9 @@ def merge(
     size = _floats.unit_bytes(dtype, o_bytes.size)
     o, t = _floats.units(o_bytes, size), _floats.units(t_bytes, size)
     b = None if b_bytes is None else _floats.units(b_bytes, size)
-    result = _result_like(o)
+    # The kernel reads each unit of theirs before it writes that unit of the result.
+    in_theirs = overwrite_theirs and t.flags.writeable and t.flags.c_contiguous
+    result = t if in_theirs else _result_like(o)
     counts = np.zeros(5, dtype=np.int64)  # unchanged, ours only, theirs only, same, merged
     stream = dict(used)
     if strategy.uses_seed:
@@ -145,6 +148,8 @@ def merge(
         if fast is not None:
             counts[:] = fast
         else:
+            if result is t:  # the NumPy definition reads theirs after writing results
+                result = _result_like(o)
             combine = _Combiner(strategy, stream, b, o, t, dtype, tensor)
             for start in range(0, o.shape[0], BLOCK):
                 end = min(start + BLOCK, o.shape[0])

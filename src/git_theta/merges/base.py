@@ -154,6 +154,7 @@ def merge_tensor(
     dtype: str,
     *,
     tensor: str = "?",
+    overwrite_theirs: bool = False,
 ) -> TensorMerge:
     """Merge one tensor three-way, element by element; ``tensor`` (its name) is only
     used in messages.
@@ -166,7 +167,11 @@ def merge_tensor(
     both get the strategy's value, computed in float32 (float64 for F64) and rounded
     once to ``dtype`` (round to nearest even). A strategy is consulted (and its dtype
     and base checked) only when some element needs it, so a merge with no conflicting
-    element succeeds under any strategy and dtype. Returns a TensorMerge.
+    element succeeds under any strategy and dtype. Returns a TensorMerge. With
+    ``overwrite_theirs`` (``theirs`` writable and read by nothing else afterwards) the
+    result may be written over ``theirs`` instead of a new buffer, when the C kernel
+    merges it: the merge then holds three tensor-sized buffers, not four. ``theirs`` is
+    unspecified after a MergeError then.
 
     Raises MergeTypeError when a computing strategy meets a dtype it cannot combine
     (see ``combinable``), MergeBaseMissingError when the strategy needs a base and there
@@ -174,7 +179,7 @@ def merge_tensor(
     change is for the caller to resolve by taking one side whole)."""
     from git_theta.merges._threeway import merge
 
-    return merge(strategy, params, base, ours, theirs, dtype, tensor)
+    return merge(strategy, params, base, ours, theirs, dtype, tensor, overwrite_theirs)
 
 
 def combinable(dtype: str) -> bool:
