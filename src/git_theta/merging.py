@@ -428,7 +428,8 @@ def _on_base(
 ) -> bytearray | None:
     """``entry``'s value from its base's decoded ``value`` plus the links it adds, when
     its chain extends the base's and the result has its hash; else None (the caller
-    rebuilds it the long way, which names whatever is wrong)."""
+    rebuilds it the long way, which names whatever is wrong). As chains.rebuild, the
+    objects are read with only their size checked: the content hash checks them all."""
     from git_theta import chains
     from git_theta.content import content_hash
     from git_theta.errors import ThetaError
@@ -443,7 +444,9 @@ def _on_base(
         if out is None:
             out = codec.new_buffer(len(value))  # updates apply in place; the base is kept
             out[:] = value
-            out = chains.apply_links(out, entry.chain[n:], entry.dtype, store, len(value))
+            out = chains.apply_links(
+                out, entry.chain[n:], entry.dtype, store, len(value), read=store.get_for_value
+            )
     except ThetaError:
         return None
     return out if content_hash(out) == entry.hash else None
@@ -455,7 +458,8 @@ def _delta_on(
     """``base`` plus the one delta update ``links`` holds, written to a new buffer in one
     pass (the merge kernel's add_delta) instead of a copy of the base that the delta is
     then added to; None when ``links`` are anything else or there is no C kernel (the
-    caller applies them as a chain). Raises ObjectCorruptError for a malformed delta."""
+    caller applies them as a chain). The object's sha256 is not checked: the caller
+    checks the value's content hash. Raises ObjectCorruptError for a malformed delta."""
     from git_theta import codec, kernels
     from git_theta.errors import ObjectCorruptError
     from git_theta.parallel import chunk_pool
@@ -469,7 +473,7 @@ def _delta_on(
     if links[0].codec != Delta.codec or type(UPDATES.get(Delta.key)) is not Delta:
         return None  # a plugin registered under the key: its own apply
     size = word_size(dtype)
-    payload = store.get(links[0].ref)
+    payload = store.get_for_value(links[0].ref)
     out = codec.new_buffer(len(base))
     out_view, base_view = memoryview(out), memoryview(base)
 
