@@ -1279,57 +1279,47 @@ static void group_keys(unsigned char *keys, const unsigned char *ctx, Py_ssize_t
     }
 }
 
-/* The elements cut into SEGMENTS equal parts (the last takes the remainder), walked
- * side by side, each with cursors of its own: cur[q][k] is where segment q's next
- * element of key k goes. With one cursor per key, where keys repeat (a plane is mostly
- * a few exponents) each move waited on the last one's increment of the same cursor;
- * SEGMENTS walks are that many independent chains. Segment q's elements of a key
- * follow segment q-1's: the same stable order. */
-#define SEGMENTS 4
-
-/* Move element I of M (1 to 3) planes to (forward) or from (back) its place in grouped
- * order, through segment q's cursors. */
-#define MOVE_ONE(BODY, M, I)                                                             \
-    do {                                                                                 \
-        Py_ssize_t i_ = (I);                                                             \
-        uint32_t j = cur[q][keys[i_]]++;                                                 \
-        BODY(d0, s0, i_);                                                                \
-        if ((M) > 1) BODY(d1, s1, i_);                                                   \
-        if ((M) > 2) BODY(d2, s2, i_);                                                   \
-    } while (0)
-/* (The planes are parameters, not locals, so that `restrict` tells the compiler they,
- * the keys and the cursors do not overlap.) */
-#define MOVE_PLANES(NAME, BODY, M)                                                       \
-    static void NAME(unsigned char *restrict d0, unsigned char *restrict d1,             \
-                     unsigned char *restrict d2, const unsigned char *restrict s0,       \
-                     const unsigned char *restrict s1, const unsigned char *restrict s2, \
+/* Move byte i of `m` (1 to 3) planes to (forward) or from (back) its place in grouped
+ * order, walking the keys once: `cur` is where each key's run starts, and advances. The
+ * planes are named one by one so the compiler knows they do not overlap. */
+#define MOVE_PLANES(NAME, BODY)                                                          \
+    static void NAME(unsigned char *const *dst, const unsigned char *const *src, int m,  \
                      const unsigned char *restrict keys, Py_ssize_t n,                   \
-                     const uint32_t (*start)[256]) {                                     \
-        uint32_t cur[SEGMENTS][256];                                                     \
+                     const uint32_t *start) {                                            \
+        uint32_t cur[256];                                                               \
         memcpy(cur, start, sizeof cur);                                                  \
-        Py_ssize_t part = n / SEGMENTS;                                                  \
-        for (Py_ssize_t i = 0; i < part; i++) {                                          \
-            int q; /* SEGMENTS of them, unrolled */                                      \
-            q = 0; MOVE_ONE(BODY, M, i);                                                 \
-            q = 1; MOVE_ONE(BODY, M, i + part);                                          \
-            q = 2; MOVE_ONE(BODY, M, i + 2 * part);                                      \
-            q = 3; MOVE_ONE(BODY, M, i + 3 * part);                                      \
+        unsigned char *restrict d0 = dst[0];                                             \
+        const unsigned char *restrict s0 = src[0];                                       \
+        if (m == 1) {                                                                    \
+            for (Py_ssize_t i = 0; i < n; i++) {                                         \
+                uint32_t j = cur[keys[i]]++;                                             \
+                BODY(d0, s0);                                                            \
+            }                                                                            \
+            return;                                                                      \
         }                                                                                \
-        int q = SEGMENTS - 1;                                                            \
-        for (Py_ssize_t i = SEGMENTS * part; i < n; i++) MOVE_ONE(BODY, M, i);           \
+        unsigned char *restrict d1 = dst[1];                                             \
+        const unsigned char *restrict s1 = src[1];                                       \
+        if (m == 2) {                                                                    \
+            for (Py_ssize_t i = 0; i < n; i++) {                                         \
+                uint32_t j = cur[keys[i]]++;                                             \
+                BODY(d0, s0);                                                            \
+                BODY(d1, s1);                                                            \
+            }                                                                            \
+            return;                                                                      \
+        }                                                                                \
+        unsigned char *restrict d2 = dst[2];                                             \
+        const unsigned char *restrict s2 = src[2];                                       \
+        for (Py_ssize_t i = 0; i < n; i++) {                                             \
+            uint32_t j = cur[keys[i]]++;                                                 \
+            BODY(d0, s0);                                                                \
+            BODY(d1, s1);                                                                \
+            BODY(d2, s2);                                                                \
+        }                                                                                \
     }
-#define MOVE_TO(D, S, I) ((D)[j] = (S)[I])
-#define MOVE_BACK(D, S, I) ((D)[I] = (S)[j])
-MOVE_PLANES(move_to1, MOVE_TO, 1)
-MOVE_PLANES(move_to2, MOVE_TO, 2)
-MOVE_PLANES(move_to3, MOVE_TO, 3)
-MOVE_PLANES(move_back1, MOVE_BACK, 1)
-MOVE_PLANES(move_back2, MOVE_BACK, 2)
-MOVE_PLANES(move_back3, MOVE_BACK, 3)
-
-typedef void (*move_fn)(unsigned char *, unsigned char *, unsigned char *, const unsigned char *,
-                        const unsigned char *, const unsigned char *, const unsigned char *,
-                        Py_ssize_t, const uint32_t (*)[256]);
+#define MOVE_TO(D, S) ((D)[j] = (S)[i])
+#define MOVE_BACK(D, S) ((D)[i] = (S)[j])
+MOVE_PLANES(move_to, MOVE_TO)
+MOVE_PLANES(move_back, MOVE_BACK)
 
 /* Move every plane to (forward) or from its place in grouped order, three planes per
  * walk (planes in one walk share its cost, the larger part); 0 when out of memory. */
@@ -1337,32 +1327,24 @@ static int permute(unsigned char *const *dst, const unsigned char *const *src, i
                    const unsigned char *ctx, Py_ssize_t n, int word, int forward) {
     unsigned char *keys = malloc((size_t)n + 1);
     if (keys == NULL) return 0;
-    uint32_t count[SEGMENTS][256] = {{0}};
+    uint32_t count[4][256] = {{0}};
     group_keys(keys, ctx, n, word);
-    /* Each segment's counts, counted side by side (no wait on the last increment). */
-    Py_ssize_t part = n / SEGMENTS;
-    for (Py_ssize_t i = 0; i < part; i++) {
+    Py_ssize_t i = 0;
+    for (; i + 4 <= n; i += 4) {  /* four histograms: no wait on the previous increment */
         count[0][keys[i]]++;
-        count[1][keys[i + part]]++;
-        count[2][keys[i + 2 * part]]++;
-        count[3][keys[i + 3 * part]]++;
+        count[1][keys[i + 1]]++;
+        count[2][keys[i + 2]]++;
+        count[3][keys[i + 3]]++;
     }
-    for (Py_ssize_t i = SEGMENTS * part; i < n; i++) count[SEGMENTS - 1][keys[i]]++;
-    uint32_t start[SEGMENTS][256], at = 0;
-    for (int k = 0; k < 256; k++)
-        for (int q = 0; q < SEGMENTS; q++) {
-            start[q][k] = at;
-            at += count[q][k];
-        }
-    static const move_fn to[3] = {move_to1, move_to2, move_to3};
-    static const move_fn back[3] = {move_back1, move_back2, move_back3};
+    for (; i < n; i++) count[0][keys[i]]++;
+    uint32_t start[256], at = 0;
+    for (int k = 0; k < 256; k++) {
+        start[k] = at;
+        at += count[0][k] + count[1][k] + count[2][k] + count[3][k];
+    }
     for (int p = 0; p < planes; p += 3) {
         int batch = planes - p < 3 ? planes - p : 3;
-        unsigned char *d[3] = {dst[p], batch > 1 ? dst[p + 1] : NULL, batch > 2 ? dst[p + 2] : NULL};
-        const unsigned char *s[3] = {src[p], batch > 1 ? src[p + 1] : NULL,
-                                     batch > 2 ? src[p + 2] : NULL};
-        (forward ? to : back)[batch - 1](d[0], d[1], d[2], s[0], s[1], s[2], keys, n,
-                                         (const uint32_t (*)[256])start);
+        (forward ? move_to : move_back)(dst + p, src + p, batch, keys, n, start);
     }
     free(keys);
     return 1;
