@@ -213,21 +213,18 @@ def test_a_side_one_delta_past_the_base_is_added_out_of_place_with_the_chains_bi
         got = merging._delta_on(t.chain[len(b.chain) :], t.dtype, base_value, store)
         assert got == chains.rebuild(name, t, store)
         assert base_value == kept  # the base stays for the other side and the merge
-        # The value's content hash checks the object: no sha256 of it on the way.
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(store, "get", lambda ref: pytest.fail("sha256-checked read"))
-            assert merging._on_base(t, b, base_value, store) == got
+        assert merging._on_base(t, b, base_value, store, name) == got
         # A delta for another size is refused, and the caller takes the long way.
         with pytest.raises(ObjectCorruptError):
             merging._delta_on(t.chain[len(b.chain) :], t.dtype, base_value[:-4], store)
 
 
-def test_a_damaged_object_of_theirs_is_named_and_set_aside_though_its_sha256_is_unread(
+def test_a_damaged_object_of_theirs_is_named_and_set_aside(
     repo: Path, fine_tunes: dict[str, np.ndarray]
 ) -> None:
-    """Theirs' delta is read with only its size checked (the value's content hash checks
-    it): a flipped byte still fails the merge naming the tensor and the object, which
-    is moved aside for a fetch to replace, as a checkout does."""
+    """A flipped byte in theirs' delta (read on the fast path past the base) fails the
+    merge naming the tensor and the object, which is moved aside for a fetch to
+    replace, as a checkout does."""
     base, ours, theirs = at(repo, "main~1"), at(repo, "main"), at(repo, "left")
     store = Repo(str(repo)).store
     ref = theirs.tensors["c"].chain[-1].ref

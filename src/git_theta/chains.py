@@ -8,7 +8,6 @@ fresh dense value, a dense value is stored and the chain starts again.
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -252,39 +251,18 @@ def rebuild(
 ) -> bytearray:
     """Return the exact bytes of tensor ``name``, verified against its content hash.
 
-    The content hash (blake3 of the exact bytes) is what verifies the objects read: a
-    damaged one gives other bytes, or fails to decode. Only then is each object's sha256
-    checked, to name the damaged one (and move it aside, so a fetch replaces it) rather
-    than the chain. Nothing is allocated beyond the value's size (shape x dtype;
-    ``limit`` for a dtype that does not say, normally the file's size). Raises a
-    ThetaError naming the tensor and the object when anything is missing or wrong.
+    Nothing is allocated beyond the value's size (shape x dtype; ``limit`` for a dtype
+    that does not say, normally the file's size). Raises a ThetaError naming the tensor
+    and the object when anything is missing or wrong.
     """
     cap, exact = _cap(entry, limit)
-    try:
-        value = apply_links(
-            None, entry.chain, entry.dtype, store, cap, exact, name, read=store.get_for_value
-        )
-    except ThetaError:
-        _raise_damaged(name, entry.chain, store)
-        raise
+    value = apply_links(None, entry.chain, entry.dtype, store, cap, exact, name)
     if content_hash(value) != entry.hash:
-        _raise_damaged(name, entry.chain, store)
         raise ObjectCorruptError(
             f"tensor {quote(name)}: rebuilt bytes do not match the recorded hash "
             f"(object {entry.chain[-1].ref.oid})"
         )
     return value
-
-
-def _raise_damaged(name: str, chain: tuple[Link, ...], store: ObjectStore) -> None:
-    """Raise the error of the first object of ``chain`` whose stored bytes do not hash
-    to its oid (moved aside), naming tensor ``name``; return when every one present is
-    intact (the chain itself is wrong, or an object is missing)."""
-    for link in chain:
-        exc = store.damaged(link.ref)
-        if exc is not None:
-            _in_tensor(exc, name, link)
-            raise exc
 
 
 def summarize_step(links: tuple[Link, ...], store: ObjectStore, limit: int | None) -> str:
@@ -313,18 +291,14 @@ def apply_links(
     cap: int,
     exact: bool = False,
     name: str = "",
-    read: Callable[[ObjectRef], ObjectBytes] | None = None,
 ) -> bytearray:
     """Return ``value`` (None before a chain's base) with ``links`` applied in order: the
     one fold of a chain (rebuild, diffs, merges). Operand links are collected and given
     to the link after them. Each value is at most ``cap`` bytes (exactly, when
-    ``exact``). Objects are read with ``read`` (``store.get``, which checks each one's
-    sha256, unless the caller checks the result's content hash). Raises a ThetaError
-    naming tensor ``name`` and the object: for a link that cannot apply, or operand
-    links no update takes (before one taking none, or at the end; a chain is written
-    that way only by hand).
+    ``exact``). Raises a ThetaError naming tensor ``name`` and the object: for a link
+    that cannot apply, or operand links no update takes (before one taking none, or at
+    the end; a chain is written that way only by hand).
     """
-    get = store.get if read is None else read
     operands: list[ObjectBytes] = []
     for link in links:
         try:
@@ -339,9 +313,9 @@ def apply_links(
                         f"more than {MAX_OPERANDS} factor objects in a row; no update takes "
                         "that many"
                     )
-                operands.append(get(link.ref))
+                operands.append(store.get(link.ref))
                 continue
-            value = plugin.apply_with(value, get(link.ref), operands, dtype, limit=cap)
+            value = plugin.apply_with(value, store.get(link.ref), operands, dtype, limit=cap)
             operands = []
             if len(value) > cap or (exact and len(value) != cap):
                 raise ObjectCorruptError(
@@ -380,10 +354,9 @@ def stream(
 ) -> Iterator[bytearray]:
     """Yield the exact bytes of a ``streamable`` tensor chunk by chunk.
 
-    The tensor's hash is checked as the bytes pass (the object's sha256 only when that
-    or the decode fails, as in ``rebuild``); a mismatch raises at the end, after the
-    bytes were yielded, so callers must not commit their output before the iterator is
-    exhausted (git discards a smudge that ends in error).
+    The object's sha256 and the tensor's hash are checked as the bytes pass; a mismatch
+    raises at the end, after the bytes were yielded, so callers must not commit their
+    output before the iterator is exhausted (git discards a smudge that ends in error).
     An object declaring more bytes than the manifest expects fails before its first
     chunk is decoded (``limit`` as for ``rebuild``).
     """
@@ -392,6 +365,7 @@ def stream(
     link = entry.chain[0]
     ref = link.ref
     cap, exact = _cap(entry, limit)
+    oid_hash = hashlib.sha256()
     content = blake3.blake3()
     total = 0
     try:
@@ -401,9 +375,13 @@ def stream(
         raise
     try:
         with store.open(ref) as fh:
-            if os.fstat(fh.fileno()).st_size != ref.size:  # what no decode would notice
-                raise store.corrupt(ref)
-            for piece in codec.decode_stream(fh.read, chunk_pool(), limit=cap):
+
+            def read(n: int) -> bytes:
+                data = fh.read(n)
+                oid_hash.update(data)
+                return data
+
+            for piece in codec.decode_stream(read, chunk_pool(), limit=cap):
                 total += len(piece)
                 content.update(piece)  # before the yield: the consumer recycles the piece
                 yield piece
@@ -412,8 +390,10 @@ def stream(
             store.corrupt(ref, exc)
         _in_tensor(exc, name, link)
         raise
-    if (exact and total != cap) or content.hexdigest() != entry.hash:
-        _raise_damaged(name, entry.chain, store)
+    if oid_hash.hexdigest() != ref.oid:
+        raise store.corrupt(
+            ref, ObjectCorruptError(f"tensor {quote(name)}: object {ref.oid} is corrupt")
+        )
     if exact and total != cap:
         raise ObjectCorruptError(
             f"tensor {quote(name)}: object {ref.oid} gives {total:,} bytes; the manifest "

@@ -187,7 +187,7 @@ class _Tensors:
             if i == 1 and e is not None and self.ours_file is not None:
                 value = self.ours_file.read(name, e)
             if value is None and e is not None and b is not None and base is not None:
-                value = _on_base(e, b, base, self.values.store)
+                value = _on_base(e, b, base, self.values.store, name)
             if value is None and e is not None:
                 value = chains.rebuild(name, e, store, limit=size)
             out.append(value)
@@ -424,15 +424,16 @@ def _owner(array: object) -> object:
 
 
 def _on_base(
-    entry: TensorEntry, base: TensorEntry, value: bytearray, store: ObjectStore
+    entry: TensorEntry, base: TensorEntry, value: bytearray, store: ObjectStore, name: str
 ) -> bytearray | None:
     """``entry``'s value from its base's decoded ``value`` plus the links it adds, when
     its chain extends the base's and the result has its hash; else None (the caller
-    rebuilds it the long way, which names whatever is wrong). As chains.rebuild, the
-    objects are read with only their size checked: the content hash checks them all."""
+    rebuilds it the long way, which names whatever is wrong). A damaged object is named
+    here, for tensor ``name``: its read moved it aside, so the long way would only find
+    it missing."""
     from git_theta import chains
     from git_theta.content import content_hash
-    from git_theta.errors import ThetaError
+    from git_theta.errors import ObjectCorruptError, ThetaError
 
     n = len(base.chain)
     if entry.dtype != base.dtype or entry.chain[:n] != base.chain:
@@ -445,8 +446,12 @@ def _on_base(
             out = codec.new_buffer(len(value))  # updates apply in place; the base is kept
             out[:] = value
             out = chains.apply_links(
-                out, entry.chain[n:], entry.dtype, store, len(value), read=store.get_for_value
+                out, entry.chain[n:], entry.dtype, store, len(value), name=name
             )
+    except ObjectCorruptError as exc:
+        if not str(exc).startswith("tensor "):  # apply_links names it; _delta_on does not
+            chains._in_tensor(exc, name)
+        raise
     except ThetaError:
         return None
     return out if content_hash(out) == entry.hash else None
@@ -458,8 +463,7 @@ def _delta_on(
     """``base`` plus the one delta update ``links`` holds, written to a new buffer in one
     pass (the merge kernel's add_delta) instead of a copy of the base that the delta is
     then added to; None when ``links`` are anything else or there is no C kernel (the
-    caller applies them as a chain). The object's sha256 is not checked: the caller
-    checks the value's content hash. Raises ObjectCorruptError for a malformed delta."""
+    caller applies them as a chain). Raises ObjectCorruptError for a malformed delta."""
     from git_theta import codec, kernels
     from git_theta.errors import ObjectCorruptError
     from git_theta.parallel import chunk_pool
@@ -473,7 +477,7 @@ def _delta_on(
     if links[0].codec != Delta.codec or type(UPDATES.get(Delta.key)) is not Delta:
         return None  # a plugin registered under the key: its own apply
     size = word_size(dtype)
-    payload = store.get_for_value(links[0].ref)
+    payload = store.get(links[0].ref)
     out = codec.new_buffer(len(base))
     out_view, base_view = memoryview(out), memoryview(base)
 

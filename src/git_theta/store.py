@@ -159,10 +159,6 @@ class ObjectRef(NamedTuple):
     size: int
 
 
-def _corrupt_error(ref: ObjectRef) -> ObjectCorruptError:
-    return ObjectCorruptError(f"object {ref.oid} is corrupt (its sha256 does not match)")
-
-
 class ObjectStore:
     """git-theta's object directory of one repository, beside git-lfs's (``lfs_dir``)."""
 
@@ -478,18 +474,6 @@ class ObjectStore:
             raise self.corrupt(ref)
         return data
 
-    def get_for_value(self, ref: ObjectRef) -> ObjectBytes:
-        """Return the object's bytes with only their size checked, for a reader that
-        checks the value it decodes from them against the tensor's content hash (a
-        blake3 of the exact bytes, which covers every object of the chain) and, when
-        that fails, calls ``damaged`` to find the object at fault. Its sha256 was a
-        tenth of a checkout's CPU, spent again on bytes the content hash checks anyway.
-        Raises ObjectMissingError, or ObjectCorruptError for a copy of the wrong size."""
-        data = self.read(ref)
-        if len(data) != ref.size:
-            raise self.corrupt(ref)
-        return data
-
     # -- damaged copies --------------------------------------------------------------------
 
     def corrupt(
@@ -501,24 +485,13 @@ class ObjectStore:
         fetch or checkout then downloads it again, where a size check alone would find it
         present forever. A copy that hashes right is left alone (the reader was wrong, or
         another process replaced it meanwhile)."""
-        exc = error or _corrupt_error(ref)
-        if self._set_aside(ref):
+        exc = error or ObjectCorruptError(
+            f"object {ref.oid} is corrupt (its sha256 does not match)"
+        )
+        copies = (self.path(ref.oid), self.lfs_path(ref.oid))
+        if [path for path in copies if self._set_aside_if_corrupt(ref.oid, path)]:
             exc.args = (f"{exc}; moved aside: run `git theta fetch` or check out again",)
         return exc
-
-    def damaged(self, ref: ObjectRef) -> ObjectCorruptError | None:
-        """``corrupt``'s error when a stored copy of ``ref`` does not hash to its oid (it
-        is moved aside), else None (absent, or intact): for a reader whose content-hash
-        check failed, to tell a damaged object from a chain that is wrong."""
-        if not self._set_aside(ref):
-            return None
-        exc = _corrupt_error(ref)
-        exc.args = (f"{exc}; moved aside: run `git theta fetch` or check out again",)
-        return exc
-
-    def _set_aside(self, ref: ObjectRef) -> bool:
-        copies = (self.path(ref.oid), self.lfs_path(ref.oid))
-        return bool([path for path in copies if self._set_aside_if_corrupt(ref.oid, path)])
 
     def _set_aside_if_corrupt(self, oid: str, path: str) -> bool:
         """Move the file ``path`` aside when its bytes do not hash to ``oid``; return
