@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from git_theta import git, transfer
-from git_theta.errors import ObjectMissingError, ThetaError
+from git_theta.errors import ObjectCorruptError, ObjectMissingError, ThetaError
 from git_theta.files import AtomicWriter, UnsafeFileError, open_regular
 from git_theta.history import manifests_at, manifests_between
 from git_theta.manifest import Manifest, is_manifest
@@ -72,6 +72,14 @@ def upload(remote: str, include: list[str], exclude: list[str], local_only: bool
             f"push refused: object {lost[0].oid} for {wanted[lost[0]]} is not in the local "
             f"store ({len(lost)} missing); run `git theta fetch --all` and push again"
         )
+    for ref in local:
+        # git-lfs uploads a file as it finds it: a damaged copy would reach the remote
+        # under its oid, and every clone would then fail on it. Checked here, it is moved
+        # aside (get) and the push stops before anything is sent.
+        try:
+            repo.store.get(ref)
+        except ObjectCorruptError as exc:
+            raise ObjectCorruptError(f"push refused: {wanted[ref]}: {exc}") from None
     links = repo.store.expose(local)  # git-lfs uploads from its own directory
     try:
         return transfer.push(remote, local)
