@@ -446,16 +446,17 @@ static PyObject *empty(PyObject *self, PyObject *args) {
     return out;
 }
 
-/* keep_freed_memory() -> whether it applied: from now on malloc serves every size from
- * one arena's heap and keeps what is freed, so memory a process is done with (a tensor
- * hashed and found unchanged, a value encoded) is what its next buffers of any size reuse.
- * Fresh pages cost a fault and zeroing each (on a VM ~1.6 GB/s): a filter adding MiniLM
- * touched ~85 MB of them, where the largest tensor it held was 47 MB. Only for a process
- * that ends with its command (the filter): its RSS then stays at its peak until it exits.
- * glibc only; elsewhere nothing changes. */
+/* keep_freed_memory() -> whether it applied: from now on malloc serves blocks up to 32 MiB
+ * from one arena's heap and keeps what is freed, so memory a process is done with (a
+ * tensor hashed and found unchanged, a value encoded) is what its next buffers reuse, at
+ * any size, instead of fresh pages (a fault and zeroing each). Larger blocks are still
+ * mapped and unmapped on their own: kept in the heap, a large tensor's pages were held
+ * past their use and raised an add's peak. Only for a process that ends with its command
+ * (the filter, the merge driver). glibc only; elsewhere nothing changes. */
 static PyObject *keep_freed_memory(PyObject *self, PyObject *noargs) {
 #if defined(__GLIBC__)
-    int ok = mallopt(M_ARENA_MAX, 1) && mallopt(M_MMAP_MAX, 0) && mallopt(M_TRIM_THRESHOLD, INT_MAX);
+    int ok = mallopt(M_ARENA_MAX, 1) && mallopt(M_MMAP_THRESHOLD, 32 << 20) &&
+             mallopt(M_TRIM_THRESHOLD, 128 << 20);
     return PyBool_FromLong(ok);
 #else
     Py_RETURN_FALSE;
