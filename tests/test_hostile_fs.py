@@ -445,6 +445,22 @@ def test_os_errors_are_one_line_naming_the_file(
     assert capsys.readouterr().err == f"git-theta: error: model.safetensors: {line}\n"
 
 
+@pytest.mark.parametrize(
+    "exc", [MemoryError(), RuntimeError("can't start new thread")], ids=["malloc", "thread"]
+)
+def test_running_out_of_memory_is_one_line_saying_so(
+    exc: BaseException, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A machine's or `ulimit -v`'s limit is not git-theta's internal error: one line,
+    exit 1, no traceback to report (review R1: a 256 MiB tensor under `ulimit -v 300000`
+    said `internal error: m.safetensors: MemoryError`)."""
+    assert report(exc, "model.safetensors") == 1
+    assert capsys.readouterr().err == (
+        "git-theta: error: model.safetensors: out of memory: free some memory (an add "
+        "holds about 300 MB plus twice its largest tensor) or raise `ulimit -v`, and retry\n"
+    )
+
+
 def pkt(text: str) -> bytes:
     return b"%04x" % (len(text) + 5) + text.encode() + b"\n"
 

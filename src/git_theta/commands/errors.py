@@ -18,6 +18,10 @@ from git_theta.display import escape
 from git_theta.errors import ThetaError
 
 INTERNAL = 70
+_MEMORY_NEXT = (
+    "free some memory (an add holds about 300 MB plus twice its largest tensor) or raise "
+    "`ulimit -v`, and retry"
+)
 
 # errno -> (what happened, what to do next). "{file}" is the file the error names.
 _OS_ERRORS = {
@@ -138,6 +142,11 @@ def report(exc: BaseException, path: str = "") -> int:
         return 1
     if isinstance(exc, OSError) and (line := os_error_line(exc)) is not None:
         _say(f"git-theta: error: {where}{line}")
+        return 1
+    if isinstance(exc, MemoryError) or (
+        isinstance(exc, RuntimeError) and str(exc) == "can't start new thread"
+    ):  # the machine's or `ulimit -v`'s limit: nothing the repository did wrong
+        _say(f"git-theta: error: {where}out of memory: {_MEMORY_NEXT}")
         return 1
     _say(f"git-theta: internal error: {where}{type(exc).__name__}: {exc} ({_log_traceback(exc)})")
     return INTERNAL

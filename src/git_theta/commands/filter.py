@@ -85,8 +85,9 @@ def for_one_command() -> None:
     freed buffers for the next of the same size only, then only stand in malloc's way."""
     from git_theta import codec, kernels
 
-    native = kernels.native
-    if native is not None and native.keep_freed_memory():
+    # A kernel built before keep_freed_memory (an editable install not rebuilt) lacks it.
+    keep = getattr(kernels.native, "keep_freed_memory", None)
+    if keep is not None and keep():
         codec.SPARE_MAX = 0
 
 
