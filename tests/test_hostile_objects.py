@@ -88,6 +88,24 @@ def test_rebuild_refuses_an_object_shorter_than_the_manifest_says(tmp_path: Path
     assert str(info.value) == f"tensor 'w': object {oid} gives 16 bytes; the manifest expects 32"
 
 
+def test_a_manifest_lying_about_an_intact_objects_size_says_so(tmp_path: Path) -> None:
+    """The object hashes to its oid, so it is not damaged: the manifest's size is what is
+    wrong, and nothing is moved aside (it used to say 'its sha256 does not match')."""
+    store = ObjectStore(tmp_path)
+    raw = bytes(32)
+    entry = entry_for(store, "F32", (8,), b"".join(codec.encode(raw)))
+    ref = entry.chain[0].ref
+    lying = entry._replace(
+        hash=content_hash(raw), chain=(Link("dense", "gtho1", ref._replace(size=ref.size + 1)),)
+    )
+    with pytest.raises(ObjectCorruptError) as info:
+        chains.rebuild("w", lying, store)
+    assert str(info.value) == (
+        f"tensor 'w': object {ref.oid} has {ref.size:,} bytes; the manifest says {ref.size + 1:,}"
+    )
+    assert store.has(ref) and not (tmp_path / "theta" / "corrupt").exists()
+
+
 def test_a_streamed_tensor_is_capped_too(tmp_path: Path) -> None:
     store = ObjectStore(tmp_path)
     # 16 MiB as the manifest says: streamed, in chunks; the object declares 2 GiB.
