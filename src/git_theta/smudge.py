@@ -250,7 +250,7 @@ def write_checkpoint(
 
     left = merged_values.any_left(store)  # by a merge: values it computed or checked
 
-    def rebuild(name: str) -> bytearray | None:
+    def rebuild(name: str) -> bytearray | memoryview | None:
         entry = manifest.tensors[name]
         size = tensor_nbytes(entry.dtype, entry.shape) if left else None
         if size:  # hash-checked on use
