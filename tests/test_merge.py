@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -379,6 +381,23 @@ def test_a_left_value_whose_bytes_do_not_match_is_never_checked_out(
     git(repo, "checkout", "--", M)
     assert sha256(repo / M) == want
     assert not (kept / entry["hash"]).exists()
+
+
+def test_a_fifo_planted_as_a_left_value_neither_blocks_nor_is_checked_out(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Opening a FIFO to read waits for a writer: the checkout would hang on it for good.
+    full_merge(repo, monkeypatch)
+    git(repo, "merge", "-q", "--no-edit", "left")
+    want = sha256(repo / M)
+    entry = json.loads(git(repo, "cat-file", "blob", f"HEAD:{M}").stdout)["tensors"]["c"]
+    kept = repo / ".git" / "lfs" / "theta" / "merged"
+    kept.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(kept / entry["hash"])
+    (repo / M).unlink()
+    done = subprocess.run(["git", "checkout", "--", M], cwd=repo, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr.decode()
+    assert sha256(repo / M) == want
 
 
 def test_a_merge_leaves_no_more_than_the_cap_of_values(
