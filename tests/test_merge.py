@@ -367,33 +367,34 @@ def test_the_checkout_after_a_merge_takes_the_values_it_computed(
     assert git(repo, "status", "--porcelain").stdout == b""
 
 
-def test_a_left_value_whose_bytes_do_not_match_is_never_checked_out(
-    repo: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def merged_then_left_value(repo: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, Path]:
+    """Merge, then return the merged file's sha256 and where the value of its tensor 'c'
+    would be left for a checkout (nothing is there: the merge's checkout took it)."""
     full_merge(repo, monkeypatch)
     git(repo, "merge", "-q", "--no-edit", "left")
-    want = sha256(repo / M)
     entry = json.loads(git(repo, "cat-file", "blob", f"HEAD:{M}").stdout)["tensors"]["c"]
     kept = repo / ".git" / "lfs" / "theta" / "merged"
     kept.mkdir(parents=True, exist_ok=True)
-    (kept / entry["hash"]).write_bytes(bytes(32 * 32 * 4))  # the right size, wrong bytes
+    return sha256(repo / M), kept / entry["hash"]
+
+
+def test_a_left_value_whose_bytes_do_not_match_is_never_checked_out(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    want, left = merged_then_left_value(repo, monkeypatch)
+    left.write_bytes(bytes(32 * 32 * 4))  # the right size, wrong bytes
     (repo / M).unlink()
     git(repo, "checkout", "--", M)
     assert sha256(repo / M) == want
-    assert not (kept / entry["hash"]).exists()
+    assert not left.exists()
 
 
 def test_a_fifo_planted_as_a_left_value_neither_blocks_nor_is_checked_out(
     repo: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Opening a FIFO to read waits for a writer: the checkout would hang on it for good.
-    full_merge(repo, monkeypatch)
-    git(repo, "merge", "-q", "--no-edit", "left")
-    want = sha256(repo / M)
-    entry = json.loads(git(repo, "cat-file", "blob", f"HEAD:{M}").stdout)["tensors"]["c"]
-    kept = repo / ".git" / "lfs" / "theta" / "merged"
-    kept.mkdir(parents=True, exist_ok=True)
-    os.mkfifo(kept / entry["hash"])
+    want, left = merged_then_left_value(repo, monkeypatch)
+    os.mkfifo(left)
     (repo / M).unlink()
     done = subprocess.run(["git", "checkout", "--", M], cwd=repo, capture_output=True, timeout=60)
     assert done.returncode == 0, done.stderr.decode()
