@@ -16,7 +16,7 @@ from git_theta.proc import run
 from git_theta.progress import summary
 from git_theta.repo import Repo
 from git_theta.smudge import needed_objects, write_checkpoint
-from git_theta.store import ObjectRef
+from git_theta.store import ObjectRef, size_lie
 
 ZERO = "0" * 40
 
@@ -67,19 +67,26 @@ def upload(remote: str, include: list[str], exclude: list[str], local_only: bool
     known_remote = set(needed_by([m for rev in exclude for m in manifests_at(rev)]))
     local = [ref for ref in wanted if repo.store.has(ref)]
     lost = [ref for ref in wanted if ref not in known_remote and not repo.store.has(ref)]
+    for ref in lost:
+        if (found := repo.store.other_size(ref)) is not None:
+            raise ObjectCorruptError(f"push refused: {wanted[ref]}: {size_lie(ref, found)}")
     if lost and not local_only:
         raise ObjectMissingError(
             f"push refused: object {lost[0].oid} for {wanted[lost[0]]} is not in the local "
             f"store ({len(lost)} missing); run `git theta fetch --all` and push again"
         )
     for ref in local:
+        if ref in known_remote:
+            continue  # git-lfs does not send what the remote has (and it is not re-read)
         # git-lfs uploads a file as it finds it: a damaged copy would reach the remote
         # under its oid, and every clone would then fail on it. Checked here, it is moved
         # aside (get) and the push stops before anything is sent.
         try:
             repo.store.get(ref)
         except ObjectCorruptError as exc:
-            raise ObjectCorruptError(f"push refused: {wanted[ref]}: {exc}") from None
+            raise ObjectCorruptError(
+                f"push refused: {wanted[ref]}: {exc}, then push again"
+            ) from None
     links = repo.store.expose(local)  # git-lfs uploads from its own directory
     try:
         return transfer.push(remote, local)
