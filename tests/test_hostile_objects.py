@@ -101,7 +101,9 @@ def test_a_manifest_lying_about_an_intact_objects_size_says_so(tmp_path: Path) -
     with pytest.raises(ObjectCorruptError) as info:
         chains.rebuild("w", lying, store)
     assert str(info.value) == (
-        f"tensor 'w': object {ref.oid} has {ref.size:,} bytes; the manifest says {ref.size + 1:,}"
+        f"tensor 'w': object {ref.oid} has {ref.size:,} bytes; the manifest says "
+        f"{ref.size + 1:,}: this version's manifest is wrong (check out another commit, or "
+        "add the file again)"
     )
     assert store.has(ref) and not (tmp_path / "theta" / "corrupt").exists()
 

@@ -29,7 +29,7 @@ from git_theta.parallel import ordered_map
 from git_theta.progress import Progress
 from git_theta.protocol.filter_process import Sink, Source
 from git_theta.settings import env_int
-from git_theta.store import ObjectRef, ObjectStore
+from git_theta.store import ObjectRef, ObjectStore, size_lie
 
 Fetch = Callable[[Iterable[ObjectRef]], None]
 AHEAD = 32 << 20  # bytes of objects decoded ahead of what git has taken
@@ -41,6 +41,11 @@ def needed_objects(manifest: Manifest) -> list[tuple[str, ObjectRef]]:
     for name in sorted(manifest.tensors):
         out.extend((f"tensor {quote(name)}", link.ref) for link in manifest.tensors[name].chain)
     return out
+
+
+def _named(exc: ObjectCorruptError, what: str) -> ObjectCorruptError:
+    exc.args = (f"{what}: {exc}",)
+    return exc
 
 
 def ensure_objects(manifest: Manifest, store: ObjectStore, fetch: Fetch | None) -> None:
@@ -55,6 +60,9 @@ def ensure_objects(manifest: Manifest, store: ObjectStore, fetch: Fetch | None) 
         missing = [(what, ref) for what, ref in missing if not store.has(ref)]
     if missing:
         what, ref = missing[0]
+        for lied_what, lied in missing:  # present and intact, under another size
+            if (found := store.other_size(lied)) is not None:
+                raise _named(size_lie(lied, found), lied_what)
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         where = "could not be downloaded from the Git LFS remote" if fetch else "is not local"
         why = _download_failure(fetch)

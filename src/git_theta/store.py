@@ -159,6 +159,14 @@ class ObjectRef(NamedTuple):
     size: int
 
 
+def size_lie(ref: ObjectRef, found: int) -> ObjectCorruptError:
+    """The error for a manifest naming intact object ``ref`` under another size."""
+    return ObjectCorruptError(
+        f"object {ref.oid} has {found:,} bytes; the manifest says {ref.size:,}: this "
+        "version's manifest is wrong (check out another commit, or add the file again)"
+    )
+
+
 class ObjectStore:
     """git-theta's object directory of one repository, beside git-lfs's (``lfs_dir``)."""
 
@@ -471,13 +479,23 @@ class ObjectStore:
         ObjectMissingError, or ObjectCorruptError (from ``corrupt``)."""
         data = self.read(ref)
         if len(data) != ref.size or hashlib.sha256(data).hexdigest() != ref.oid:
-            if len(data) != ref.size and hashlib.sha256(data).hexdigest() == ref.oid:
-                # An intact copy: the manifest lies about its size, and nothing is set aside.
-                raise ObjectCorruptError(
-                    f"object {ref.oid} has {len(data):,} bytes; the manifest says {ref.size:,}"
-                )
+            if len(data) != ref.size and (found := self.other_size(ref)) is not None:
+                raise size_lie(ref, found)  # an intact copy: nothing is set aside
             raise self.corrupt(ref)
         return data
+
+    def other_size(self, ref: ObjectRef) -> int | None:
+        """The size of a stored copy of ``ref`` that hashes to its oid although it is not
+        ``ref.size`` bytes (the manifest lies about the size: no fetch can help), else
+        None. A copy that does not hash right is moved aside, as ``corrupt`` does; one
+        found good is not hashed again in this process."""
+        for path in (self.path(ref.oid), self.lfs_path(ref.oid)):
+            st = _lstat(path)
+            if st is None or not stat.S_ISREG(st.st_mode) or st.st_size == ref.size:
+                continue
+            if not self._set_aside_if_corrupt(ref.oid, path) and (ref.oid, path) in _hashed_good:
+                return st.st_size
+        return None
 
     # -- damaged copies --------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from git_theta.history import manifest_blobs
 from git_theta.manifest import Manifest, TensorEntry, parse
 from git_theta.repo import Repo
 from git_theta.smudge import read_glue
-from git_theta.store import ObjectRef, ObjectStore
+from git_theta.store import ObjectRef, ObjectStore, size_lie
 
 
 @dataclass
@@ -130,7 +130,10 @@ def _check_object(
     if ref.oid not in report.objects:
         problem = None
         if not store.has(ref):
-            problem = f"object {ref.oid} missing locally"
+            found = store.other_size(ref)
+            problem = (
+                f"object {ref.oid} missing locally" if found is None else str(size_lie(ref, found))
+            )
         else:
             try:
                 store.get(ref)
