@@ -456,8 +456,8 @@ def test_running_out_of_memory_is_one_line_saying_so(
     said `internal error: m.safetensors: MemoryError`)."""
     assert report(exc, "model.safetensors") == 1
     assert capsys.readouterr().err == (
-        "git-theta: error: model.safetensors: out of memory: free some memory (an add "
-        "holds about 300 MB plus twice its largest tensor) or raise `ulimit -v`, and retry\n"
+        "git-theta: error: model.safetensors: out of memory: free some memory (or raise "
+        "`ulimit -v`) and retry\n"
     )
 
 

@@ -129,7 +129,9 @@ def take(store: ObjectStore, entry: TensorEntry, size: int) -> memoryview | byte
         return None
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size != size:
+        # A second name (a hard link someone made) could change or truncate the mapped
+        # bytes after their hash is checked: such a file is not used.
+        if not stat.S_ISREG(info.st_mode) or info.st_size != size or info.st_nlink != 1:
             return None
         if size == 0:  # an empty file cannot be mapped
             return bytearray() if content_hash(b"") == entry.hash else None

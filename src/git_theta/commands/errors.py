@@ -18,10 +18,7 @@ from git_theta.display import escape
 from git_theta.errors import ThetaError
 
 INTERNAL = 70
-_MEMORY_NEXT = (
-    "free some memory (an add holds about 300 MB plus twice its largest tensor) or raise "
-    "`ulimit -v`, and retry"
-)
+_MEMORY_NEXT = "free some memory (or raise `ulimit -v`) and retry"
 
 # errno -> (what happened, what to do next). "{file}" is the file the error names.
 _OS_ERRORS = {

@@ -77,12 +77,12 @@ def _say_fell_back(path: str) -> None:
 def for_one_command() -> None:
     """Set this process up to serve one git command and exit (the filter git starts, a
     warm server's worker, git's merge driver; never a process that imports git_theta as
-    a library): malloc
-    keeps and reuses what is freed, at any size (``_planes.keep_freed_memory``), so the
-    buffers of tensors found unchanged, or already encoded, are what the next ones are
-    read and decoded into. Fresh pages cost a fault and zeroing each, and an add touched
-    nearly twice its largest tensor's worth of them; codec's spare buffers, which keep
-    freed buffers for the next of the same size only, then only stand in malloc's way."""
+    a library): malloc keeps and reuses what is freed, blocks up to 32 MiB at any size
+    (``_planes.keep_freed_memory``; larger ones are mapped and returned on their own), so
+    the buffers of tensors found unchanged, or already encoded, are what the next ones are
+    read and decoded into. Fresh pages cost a fault and zeroing each. codec's spare
+    buffers, which keep a freed buffer for the next of the same size only, would then hold
+    memory malloc could hand out at other sizes: they are turned off."""
     from git_theta import codec, kernels
 
     # A kernel built before keep_freed_memory (an editable install not rebuilt) lacks it.

@@ -169,7 +169,9 @@ def _merge(
 def _import_numpy() -> None:
     import contextlib
 
-    with contextlib.suppress(ImportError):  # the merge itself then says what is missing
+    # Silent whatever goes wrong (a missing or broken NumPy): the merge's own import then
+    # fails where its error is reported, in one line.
+    with contextlib.suppress(Exception):
         import numpy  # noqa: F401
 
 
