@@ -127,9 +127,10 @@ def new_buffer(n: int) -> bytearray:
 
 def recycle(buf: bytes | bytearray | memoryview) -> None:
     """Give back a buffer from ``new_buffer`` that nothing refers to any more; the next
-    ``new_buffer`` of its size reuses it. Anything but a bytearray is ignored."""
+    ``new_buffer`` of its size reuses it. Anything but a bytearray is ignored, and
+    nothing is kept where malloc reuses freed memory itself (kernels.malloc_keeps_freed)."""
     global _spare_bytes
-    if type(buf) is not bytearray:
+    if type(buf) is not bytearray or kernels.malloc_keeps_freed:
         return
     n = len(buf)
     with _spare_lock:

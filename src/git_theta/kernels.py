@@ -39,6 +39,10 @@ def choose(name: str = "_planes") -> ModuleType | None:
 
 
 native: ModuleType | None = choose()
+# Set by commands.filter.for_one_command once malloc keeps and reuses freed memory at
+# any size (_planes.keep_freed_memory): codec's same-size spare buffers then only hold
+# memory back from it, and recycle keeps none.
+malloc_keeps_freed = False
 
 
 def __getattr__(name: str) -> ModuleType | None:

@@ -82,13 +82,13 @@ def for_one_command() -> None:
     the buffers of tensors found unchanged, or already encoded, are what the next ones are
     read and decoded into. Fresh pages cost a fault and zeroing each. codec's spare
     buffers, which keep a freed buffer for the next of the same size only, would then hold
-    memory malloc could hand out at other sizes: they are turned off."""
-    from git_theta import codec, kernels
+    memory malloc could hand out at other sizes: they are turned off (codec itself is
+    imported later, when the first file arrives)."""
+    from git_theta import kernels
 
     # A kernel built before keep_freed_memory (an editable install not rebuilt) lacks it.
     keep = getattr(kernels.native, "keep_freed_memory", None)
-    if keep is not None and keep():
-        codec.SPARE_MAX = 0
+    kernels.malloc_keeps_freed = keep is not None and bool(keep())
 
 
 def filter_process() -> int:
