@@ -94,6 +94,51 @@ def test_a_huge_claimed_tensor_fails_as_truncated_without_using_memory(
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100_000  # KiB
 
 
+@pytest.mark.skipif(kernels.native is None, reason="faulting ahead needs the C kernel")
+def test_a_large_tensor_is_faulted_in_only_a_little_ahead_of_its_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A large tensor's buffer is faulted in by a helper thread ahead of the reader
+    (clean._Prefault), never more than two pieces past the bytes that have arrived: a
+    header claiming 1 GiB and followed by little costs little. The source hands out one
+    piece at a time, each only once the helper has faulted in all it may so far."""
+    import threading
+
+    from git_theta.clean import _PIECE, _Reader
+
+    native = kernels.native
+    calls: list[tuple[int, int]] = []  # (piece faulted, pieces received then)
+    received = [0]
+    faulted = threading.Condition()
+
+    class Native:
+        def __getattr__(self, name: str) -> object:
+            return getattr(native, name)
+
+        def prefault(self, out: bytearray, start: int, end: int) -> bool:
+            with faulted:
+                calls.append((start // _PIECE, received[0]))
+                faulted.notify_all()
+            return True  # nothing touched: the claim stays a reservation
+
+    class Source:
+        def readinto(self, view: memoryview) -> int:
+            if received[0] == 6:
+                return 0  # the file ends: truncated
+            with faulted:  # the helper's allowed pieces are done before the next arrives
+                assert faulted.wait_for(lambda: len(calls) >= received[0] + 2, timeout=30)
+            view[:] = b"x" * len(view)
+            received[0] += 1
+            return len(view)
+
+    monkeypatch.setattr(kernels, "native", Native())
+    with pytest.raises(CheckpointError, match="file is truncated at byte"):
+        _Reader(b"", Source()).read(1 << 30)  # type: ignore[arg-type]
+    assert calls, "nothing was faulted ahead"
+    assert [piece for piece, _ in calls] == list(range(1, len(calls) + 1))
+    assert max(piece - got for piece, got in calls) <= 2, calls
+
+
 def test_trailing_bytes_and_gaps_are_kept(tmp_path: Path) -> None:
     data = header({"w": {"dtype": "U8", "shape": [2], "data_offsets": [3, 5]}}) + b"gapWWtail"
     manifest = parse(run_clean(data, tmp_path))

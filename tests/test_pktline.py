@@ -4,9 +4,11 @@ import io
 import os
 import random
 import tempfile
+from pathlib import Path
 
 import pytest
 
+from git_theta import kernels
 from git_theta.protocol.pktline import (
     MAX_PAYLOAD,
     PacketReader,
@@ -133,3 +135,68 @@ def test_an_empty_data_packet_is_not_the_end_of_the_content() -> None:
     assert got == b"abcdefgh"
     assert stream.read() == b"0009next\n"
     assert PacketReader(io.BytesIO(b"0004" + b"0006xy" + b"0000")).read() == b"xy"
+
+
+def _packets(sizes: list[int], rng: random.Random) -> tuple[bytes, bytes]:
+    """(content, its packets up to a flush) for data packets of ``sizes``."""
+    parts = [rng.randbytes(size) for size in sizes]
+    wire = b"".join(b"%04x" % (len(p) + 4) + p for p in parts) + b"0000"
+    return b"".join(parts), wire
+
+
+def _fd_reader(wire: bytes, tmp_path: Path) -> tuple[PacketReader, io.FileIO]:
+    """A PacketReader on an unbuffered file holding ``wire`` (the filter's stdin kind)."""
+    path = tmp_path / "wire"
+    path.write_bytes(wire + b"0009next\n")
+    raw = io.FileIO(path, "rb")
+    return PacketReader(raw), raw
+
+
+@pytest.mark.skipif(kernels.native is None, reason="needs the C kernel")
+@pytest.mark.parametrize("seed", range(6))
+def test_the_unbuffered_path_reads_what_the_buffered_one_does(seed: int, tmp_path: Path) -> None:
+    """On the filter's unbuffered stdin, content is read by _planes.read_packets without
+    the GIL; reads of any size, stopping inside packets and resuming (the rest read at
+    once, as clean reads a file's tail), give the bytes the Python path gives, and leave
+    the stream just past the flush."""
+    rng = random.Random(seed)
+    sizes = [rng.choice([0, 1, 3, MAX_PAYLOAD, MAX_PAYLOAD - 1, rng.randrange(1, MAX_PAYLOAD)])
+             for _ in range(40)]  # fmt: skip
+    data, wire = _packets(sizes, rng)
+    reader, raw = _fd_reader(wire, tmp_path)
+    assert reader._fd is not None  # the C path is the one under test
+    got = bytearray()
+    stop = rng.randrange(len(data) // 2, len(data))  # then the rest at once (read_rest)
+    while len(got) < stop:
+        if rng.random() < 0.3:
+            piece = reader.read(rng.randrange(1, 5000))  # small reads finish a packet first
+            got += piece
+            if not piece:
+                break
+        else:
+            out = bytearray(rng.randrange(1, 3 * MAX_PAYLOAD))
+            n = reader.readinto(memoryview(out))
+            got += out[:n]
+            if n < len(out):
+                break
+    got += reader.read()
+    assert got == data
+    assert reader.read() == b""
+    assert raw.read() == b"0009next\n"
+
+
+@pytest.mark.skipif(kernels.native is None, reason="needs the C kernel")
+def test_the_unbuffered_path_refuses_what_the_buffered_one_refuses(tmp_path: Path) -> None:
+    data, wire = _packets([MAX_PAYLOAD, 100], random.Random(1))
+    bad = wire[: 4 + MAX_PAYLOAD] + b"zz10" + wire[4 + MAX_PAYLOAD + 4 :]
+    for stream in (_fd_reader(bad, tmp_path)[0], PacketReader(io.BytesIO(bad))):
+        with pytest.raises(ProtocolError, match=r"^bad pkt-line length b'zz10'$"):
+            stream.readinto(memoryview(bytearray(len(data))))
+    too_long = b"fff5" + bytes(MAX_PAYLOAD + 1)
+    for stream in (_fd_reader(too_long, tmp_path)[0], PacketReader(io.BytesIO(too_long))):
+        with pytest.raises(ProtocolError, match=r"^bad pkt-line length 65525$"):
+            stream.readinto(memoryview(bytearray(2 * MAX_PAYLOAD)))
+    path = tmp_path / "cut"
+    path.write_bytes(wire[: 4 + MAX_PAYLOAD // 2])  # git went away inside a payload
+    with pytest.raises(EOFError, match="ended early"):
+        PacketReader(io.FileIO(path, "rb")).readinto(memoryview(bytearray(len(data))))

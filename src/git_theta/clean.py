@@ -8,6 +8,7 @@ while the next tensor is read. An unchanged tensor costs a hash, not an encode.
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from typing import IO, TYPE_CHECKING, BinaryIO, cast
 
@@ -33,6 +34,56 @@ _PEEK = SNIFF_MAX
 IDENTITY_TRIES = 4
 _STEP = 64 << 20  # steps for a tensor too large to reserve at once
 _warned: set[tuple[str, str]] = set()  # (path, tensor) whose staged chain lied: said once
+
+
+# A tensor buffer this large is faulted in by a helper thread a little ahead of the reader
+# (_planes.prefault): faulted inside the pipe read instead, its pages were zeroed while
+# the kernel held the pipe's lock, and git's write spun on that lock.
+PREFAULT_MIN = 8 << 20
+_PIECE = 4 << 20
+_AHEAD = 2  # pieces faulted beyond what has arrived: a header's claim costs no more
+
+
+class _Prefault:
+    """Faults in ``out`` piece by piece on a helper thread, never more than ``_AHEAD``
+    pieces past what the reader has received (``received``): a header claiming a huge
+    tensor must fail as truncated, not fill memory first."""
+
+    def __init__(self, out: bytearray, start: int):
+        self._out = out
+        self._next = (start // _PIECE + 1) * _PIECE  # the reader faults its own piece
+        self._room = threading.Semaphore(_AHEAD)
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="theta-prefault", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        native = kernels.native
+        assert native is not None
+        while self._next < len(self._out):
+            self._room.acquire()
+            if self._stop:
+                return
+            at = self._next
+            self._next += _PIECE
+            if not native.prefault(self._out, at, at + _PIECE):
+                return  # not supported here: the reader faults the pages itself
+
+    def received(self) -> None:
+        """The reader has one more piece."""
+        self._room.release()
+
+    def close(self) -> None:
+        self._stop = True
+        self._room.release()
+        self._thread.join()
+
+
+def _prefault(out: bytearray, start: int) -> _Prefault | None:
+    native = kernels.native
+    if len(out) < PREFAULT_MIN or getattr(native, "prefault", None) is None:
+        return None
+    return _Prefault(out, start)
 
 
 class _Reader:
@@ -65,11 +116,20 @@ class _Reader:
         have = min(len(self._head), n)
         view[:have] = self._head[:have]
         self._head = self._head[have:]
-        while have < n:
-            got = self._source.readinto(view[have:])
-            if got == 0:
-                raise self._truncated(have, n)
-            have += got
+        ahead = _prefault(out, have)
+        try:
+            while have < n:
+                # Piece by piece when faulting ahead, which follows what has arrived.
+                end = n if ahead is None else min(n, (have // _PIECE + 1) * _PIECE)
+                got = self._source.readinto(view[have:end])
+                if got == 0:
+                    raise self._truncated(have, n)
+                have += got
+                if ahead is not None and have == end:
+                    ahead.received()
+        finally:
+            if ahead is not None:
+                ahead.close()
         self.offset += n
         return out
 

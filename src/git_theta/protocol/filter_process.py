@@ -10,7 +10,7 @@ import contextlib
 import fcntl
 import sys
 from collections.abc import Callable
-from typing import IO, Protocol
+from typing import IO, Protocol, cast
 
 from git_theta.errors import ThetaError
 from git_theta.protocol.pktline import (
@@ -77,6 +77,12 @@ class _Response:
         write_text(self._out, "status=error")
 
 
+def _unbuffered(stream: IO[bytes]) -> IO[bytes]:
+    """The raw file under ``stream`` (a BufferedReader that has read nothing yet)."""
+    raw = getattr(stream, "raw", None)
+    return cast(IO[bytes], raw) if raw is not None else stream
+
+
 def _widen_pipes(*streams: IO[bytes]) -> None:
     """Ask for 1 MiB pipe buffers (Linux): 64 KiB ones make every packet a context switch."""
     for stream in streams:
@@ -92,7 +98,9 @@ def serve(
     stdout: IO[bytes] | None = None,
 ) -> int:
     """Serve git's filter requests until git closes the pipe; return an exit code."""
-    inp = stdin if stdin is not None else sys.stdin.buffer
+    # Unbuffered: content packets are then read straight into tensor buffers, without
+    # the GIL (PacketReader); nothing has read stdin before, so no bytes are left behind.
+    inp = stdin if stdin is not None else _unbuffered(sys.stdin.buffer)
     out = stdout if stdout is not None else sys.stdout.buffer
     _widen_pipes(inp, out)
     try:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import os
 from typing import IO
+
+from git_theta import kernels
 
 MAX_PAYLOAD = 65516
 FLUSH = b"0000"
@@ -28,9 +31,19 @@ class ProtocolError(Exception):
 
 def _read_exact(stream: IO[bytes], n: int) -> bytes:
     data = stream.read(n)
-    if data is None or len(data) != n:
-        raise EOFError("pkt-line stream ended early")
-    return data
+    if data is not None and len(data) == n:
+        return data
+    # An unbuffered stream (the filter's stdin) may return part of a packet that git
+    # wrote in two pieces: only an empty read is the end.
+    parts = [data or b""]
+    have = len(parts[0])
+    while have < n:
+        more = stream.read(n - have)
+        if not more:
+            raise EOFError("pkt-line stream ended early")
+        parts.append(more)
+        have += len(more)
+    return b"".join(parts)
 
 
 def read_packet(stream: IO[bytes]) -> bytes | None:
@@ -51,7 +64,10 @@ def read_length(stream: IO[bytes]) -> int | None:
     if not head:
         raise EOFError("pkt-line stream closed")
     if len(head) != 4:
-        raise EOFError("pkt-line stream ended inside a length")
+        try:
+            head += _read_exact(stream, 4 - len(head))
+        except EOFError:
+            raise EOFError("pkt-line stream ended inside a length") from None
     try:
         size = int(head, 16)
     except ValueError as exc:
@@ -88,18 +104,29 @@ def write_flush(stream: IO[bytes]) -> None:
 class PacketReader:
     """Reads the content of one request (packets up to a flush) as a byte stream.
 
-    ``read(n)`` returns fewer than ``n`` bytes only at the end of the content.
+    ``read(n)`` returns fewer than ``n`` bytes only at the end of the content. On an
+    unbuffered file (the filter's stdin) with the C kernel, ``readinto`` reads packets
+    straight into the caller's buffer without the GIL (``_planes.read_packets``).
     """
 
     def __init__(self, stream: IO[bytes]):
         self._stream = stream
         self._buf = memoryview(b"")
         self._done = False
+        self._left = 0  # payload bytes of the packet in progress still on the stream
+        native = kernels.native
+        self._fd: int | None = None
+        if native is not None and type(stream) is io.FileIO:
+            self._fd = stream.fileno()  # unbuffered: no bytes of ours sit in a buffer
 
     def _fill(self) -> bool:
         if self._done:
             return False
-        packet = read_packet(self._stream)
+        if self._left:  # the rest of a packet read_packets stopped in
+            packet: bytes | None = _read_exact(self._stream, self._left)
+            self._left = 0
+        else:
+            packet = read_packet(self._stream)
         if packet is None:
             self._done = True
             return False
@@ -113,11 +140,26 @@ class PacketReader:
         (no intermediate bytes object: this is every byte of every file git adds).
         """
         filled = 0
+        if self._buf:
+            take = min(len(self._buf), len(out))
+            out[:take] = self._buf[:take]
+            self._buf = self._buf[take:]
+            filled = take
+        if self._fd is not None and filled < len(out) and not self._done:
+            assert kernels.native is not None
+            try:
+                read: tuple[int, int, bool] = kernels.native.read_packets(
+                    self._fd, out[filled:], self._left
+                )
+            except ValueError as exc:  # a length that is not one
+                raise ProtocolError(str(exc)) from None
+            got, self._left, self._done = read
+            return filled + got
         while filled < len(out):
             if not self._buf:
                 if self._done:
                     break
-                if len(out) - filled >= MAX_PAYLOAD:
+                if len(out) - filled >= MAX_PAYLOAD and not self._left:
                     size = read_length(self._stream)
                     if size is None:
                         self._done = True
