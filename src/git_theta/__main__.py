@@ -1,8 +1,14 @@
 """``python -m git_theta``: what every command line git-theta writes for git runs."""
 
+import gc
 import sys
 
-from git_theta.interpreter import drop_untrusted_paths
+# A command lives for one git call, and what it allocates is mostly acyclic (its modules'
+# functions and classes, manifest records): a young-generation collection every 700
+# allocations cost ~2.5 ms of the imports alone. Cycles are still collected, less often.
+gc.set_threshold(20_000)
+
+from git_theta.interpreter import drop_untrusted_paths  # noqa: E402
 
 # Before anything else of ours is imported: nothing may come from the work tree.
 _loaded = drop_untrusted_paths()

@@ -7,6 +7,7 @@ while the next tensor is read. An unchanged tensor costs a hash, not an encode.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -84,6 +85,29 @@ def _prefault(out: bytearray, start: int) -> _Prefault | None:
     if len(out) < PREFAULT_MIN or getattr(native, "prefault", None) is None:
         return None
     return _Prefault(out, start)
+
+
+_warmed: list[threading.Thread] = []
+
+
+def _import_ahead() -> None:
+    """Import what storing a changed tensor needs on a helper thread, once per process,
+    while the file streams in: zstandard (5-10 ms with its ``platform``) and the update
+    types were otherwise imported by the first changed tensor's worker, and the tensors
+    a fine-tune changes are often the file's last, on the critical path of the add. The
+    stream's bulk is read without the GIL, so the imports mostly overlap it."""
+    if _warmed:
+        return
+
+    def run() -> None:
+        with contextlib.suppress(Exception):  # a worker imports it again and reports
+            import zstandard  # noqa: F401
+
+            from git_theta.updates import auto, delta, sparse  # noqa: F401
+
+    thread = threading.Thread(target=run, name="theta-import", daemon=True)
+    _warmed.append(thread)
+    thread.start()
 
 
 class _Reader:
@@ -285,6 +309,8 @@ def _clean_spans(
         return tensor_nbytes(entry.dtype, entry.shape) in (size, None)
 
     total = spans[-1].end if spans else reader.offset
+    if previous is not None and spans:
+        _import_ahead()  # a tensor may change: what storing a change needs, meanwhile
     progress = Progress(f"adding {path}", total, len(spans), show_progress)
 
     def jobs() -> Iterator[_Job]:
