@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import platform
+import shlex
 import shutil
 import statistics
 import struct
@@ -583,9 +584,10 @@ def add_speed_case(
 ) -> list[str]:
     """Commit a base, a sparse and a LoRA version (bench/series.py's steps), then time
     ``git add`` of a version where only the tensors named ``head*`` (the last layer and
-    the head) changed, for git-theta (the filter git starts, and the opt-in warm server)
-    and Git LFS, the three interleaved run by run so a shared machine's drift hits them
-    alike; return a markdown table row (medians: wall, and CPU of the whole command)."""
+    the head) changed, for git-theta (the filter git starts, and the opt-in warm server),
+    Git LFS and the floor (git with a no-op filter), interleaved run by run so a shared
+    machine's drift hits them alike; return a markdown table row (medians: wall, and CPU
+    of the whole command)."""
     import resource
 
     import series as steps  # bench/series.py (which imports this module)
@@ -603,7 +605,12 @@ def add_speed_case(
             noise = 1e-3 * rng.standard_normal(value.shape, dtype=np.float32)
             last[name] = (value + noise).astype(last[name].dtype)
     changed = sum(1 for k in last if not np.array_equal(last[k], versions[-1][k]))
-    tools = ("theta", "server", "lfs")
+    # floor: git with a no-op filter in Python (bench/noop_filter.py) adding the same file,
+    # what any filter pays for git, its interpreter and the pipe.
+    tools = ("theta", "server", "lfs", "floor")
+    noop = shlex.join(
+        [sys.executable, "-E", "-P", str(Path(__file__).resolve().with_name("noop_filter.py"))]
+    )
     repos: dict[str, tuple[Path, set[Path]]] = {}
     for tool in tools:
         repo = work / f"addspeed-{label}-{tool}".replace(" ", "_")
@@ -615,6 +622,18 @@ def add_speed_case(
         if tool == "server":  # `git theta install --server`, for this repository only
             run(["git", "config", "filter.theta.process", process_command(server=True)],
                 repo, env)  # fmt: skip
+        if tool == "floor":
+            # HEAD's blob must differ from what the no-op answers, or a reset keeps the
+            # entry's stat data and git skips the file.
+            (repo / FILE).write_bytes(b"before the no-op filter\n")
+            run(["git", "add", "-A"], repo, env)
+            run(["git", "config", "filter.theta.process", noop], repo, env)
+            (repo / ".gitattributes").write_text("*.safetensors filter=theta -text\n")
+            run(["git", "add", "-A"], repo, env)
+            run(["git", "commit", "-q", "-m", "v2"], repo, env)
+            write_safetensors(repo / FILE, last)
+            repos[tool] = (repo, object_files(repo))
+            continue
         run(["git", "lfs" if tool == "lfs" else "theta", "track", "*.safetensors"], repo, env)
         for i, values in enumerate(versions):
             write_safetensors(repo / FILE, values)
@@ -638,6 +657,9 @@ def add_speed_case(
             run(["git", "reset", "-q", "--no-refresh"], repo, env)
             for p in object_files(repo) - keep:
                 p.unlink()
+            # A reset to a blob the filter does not give keeps the entry's stat data when
+            # the file is not newer than the index: git would take it for unchanged.
+            os.utime(repo / FILE)
             os.sync()  # so writeback left over from the last run does not land in this one
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             r = run(["git", "add", FILE], repo, env, watch=i == 0)
@@ -659,6 +681,7 @@ def add_speed_case(
             f"{wall['theta'] / wall['lfs']:.2f}x",
             f"{cpu['theta'] / cpu['lfs']:.2f}x",
             f"{wall['server']:.2f} ({wall['server'] / wall['lfs']:.2f}x)",
+            f"{wall['floor']:.3f} ({wall['floor'] / wall['lfs']:.2f}x)",
             f"{peak:.0f}", f"{300 + 2 * largest / MB:.0f}",
             f"{os.getloadavg()[0]:.1f}"]  # fmt: skip
 
@@ -680,7 +703,8 @@ def add_speed(work: Path, env: Env, runs: int, quick: bool) -> str:
         )
     cols = (
         "checkpoint|tensors changed|add theta (s)|add LFS (s)|ratio|CPU ratio"
-        "|warm server (s, ratio)|theta peak RSS (MB)|bound 300 + 2x largest (MB)|load at end"
+        "|warm server (s, ratio)|floor: no-op filter (s, ratio)|theta peak RSS (MB)"
+        "|bound 300 + 2x largest (MB)|load at end"
     )
     return "\n".join(table(cols, rows))
 
