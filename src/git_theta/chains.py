@@ -29,7 +29,7 @@ from git_theta.store import ObjectRef, ObjectStore
 
 if TYPE_CHECKING:
     from git_theta.store import ObjectBytes
-    from git_theta.updates.base import Picked, UpdateType
+    from git_theta.updates.base import Buffer, Picked, UpdateType
 
 MAX_CHAIN = 8
 MAX_OPERANDS = 2  # a low-rank update's two factors; ia3 takes one
@@ -66,7 +66,7 @@ def store_value(
     store: ObjectStore,
     update: str | UpdateType = "dense",
     previous: TensorEntry | None = None,
-    load_previous: Callable[[], bytearray | None] | None = None,
+    load_previous: Callable[[], Buffer | None] | None = None,
     max_chain: int = MAX_CHAIN,
     name: str = "",
     shape: tuple[int, ...] = (),

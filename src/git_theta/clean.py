@@ -23,11 +23,13 @@ from git_theta.manifest import Glue, Link, Manifest, TensorEntry, is_manifest, t
 from git_theta.parallel import ordered_map
 from git_theta.progress import Progress
 from git_theta.protocol.filter_process import Sink, Source
+from git_theta.settings import env_flag
 from git_theta.store import ObjectRef, ObjectStore
 
 if TYPE_CHECKING:
     from git_theta.identity import Candidate, Known
-    from git_theta.updates.base import UpdateType
+    from git_theta.previous_values import PreviousValues
+    from git_theta.updates.base import Buffer, UpdateType
 
 _PEEK = SNIFF_MAX
 # Other files' entries with a tensor's bytes tried per tensor: a hostile index or HEAD
@@ -309,8 +311,13 @@ def _clean_spans(
         return tensor_nbytes(entry.dtype, entry.shape) in (size, None)
 
     total = spans[-1].end if spans else reader.offset
+    kept: PreviousValues | None = None
     if previous is not None and spans:
         _import_ahead()  # a tensor may change: what storing a change needs, meanwhile
+        # A file with a history: changed tensors' values are left for its next add.
+        from git_theta.previous_values import ENV, PreviousValues
+
+        kept = PreviousValues(store, path, env_flag(ENV, True))
     progress = Progress(f"adding {path}", total, len(spans), show_progress)
 
     def jobs() -> Iterator[_Job]:
@@ -418,14 +425,18 @@ def _clean_spans(
                 # Moved and changed: a change against its value in the file it left.
                 prev = known.previous(span.name, span.dtype, span.shape, path)
 
-            def load_previous() -> bytearray | None:
+            def load_previous() -> Buffer | None:
                 assert prev is not None
+                if kept is not None:
+                    value = kept.take(prev, size)  # what the last add of the file held
+                    if value is not None:
+                        return value
                 try:
-                    value = chains.rebuild(span.name, prev, store, limit=size)
+                    rebuilt = chains.rebuild(span.name, prev, store, limit=size)
                 except ThetaError:
                     return None  # objects not local (or lying): store a dense value
                 verified.add([prev])  # seen to rebuild: a later add may reuse it
-                return value
+                return rebuilt
 
             chain = chains.store_value(
                 job.data,
@@ -438,6 +449,8 @@ def _clean_spans(
                 shape=span.shape,
             )
             verified.add([TensorEntry(span.dtype, span.shape, digest, chain)])  # from the value
+            if kept is not None:
+                kept.keep(digest, job.data)  # the next add's previous value
         assert chain is not None
         entry = TensorEntry(span.dtype, span.shape, digest, chain, merge)
         # Hashed, and stored if it changed: nothing refers to these bytes any more (the
@@ -467,6 +480,9 @@ def _clean_spans(
     )
     sink.write(manifest.to_bytes())
     verified.flush()
+    if kept is not None:  # keep what this add and the next may build on, no more
+        assert previous is not None
+        kept.tidy([e.hash for e in previous.tensors.values()] + [e.hash for e in tensors.values()])
     if known is not None:
         known.written(path, manifest)
     return manifest

@@ -263,4 +263,13 @@ def prune(dry_run: bool, force: bool = False, grace: float | None = None) -> int
             f"git-theta: {verb} {stale} temporary files of killed git-theta processes "
             f"({stale_size / 1e6:.1f} MB)\n"
         )
+    from git_theta import previous_values
+
+    kept, kept_size = previous_values.clear(store, dry_run)
+    if kept:
+        verb = "would remove" if dry_run else "removed"
+        sys.stderr.write(
+            f"git-theta: {verb} {kept} tensor values kept for the next add "
+            f"({kept_size / 1e6:.1f} MB; the next add rebuilds them)\n"
+        )
     return 0
