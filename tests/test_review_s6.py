@@ -208,3 +208,20 @@ def test_an_unchanged_file_imports_nothing_to_store_a_change(tmp_path: Path) -> 
     assert done.returncode == 0, done.stderr.decode()
     imported = done.stdout.decode().strip()
     assert "zstandard" not in imported and "sparse" not in imported, imported
+
+
+def test_a_bad_kernels_variable_fails_an_add_in_one_line(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Older than these commits (for_one_command imported kernels outside the filter's
+    error handling), and 1c53334 now imports kernels with pktline, before anything can
+    catch it: GIT_THETA_KERNELS=nmpy (a typo) makes every filter start print a 15-line
+    traceback ending in UsageError, then git's 'fatal: the remote end hung up
+    unexpectedly'. Right: the UsageError's one line (it says what to use), non-zero."""
+    (repo / MODEL).write_bytes(st_from_arrays({"w": np.zeros(4, dtype=np.float32)}))
+    monkeypatch.setenv("GIT_THETA_KERNELS", "nmpy")
+    done = git(repo, "add", MODEL, check=False)
+    err = done.stderr.decode()
+    assert done.returncode != 0
+    assert "Traceback" not in err, err
+    assert "GIT_THETA_KERNELS='nmpy': use native or numpy" in err, err
