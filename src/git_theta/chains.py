@@ -7,7 +7,6 @@ fresh dense value, a dense value is stored and the chain starts again.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -148,6 +147,8 @@ def store_value(
 
 def _stored(parts: list[bytes], store: ObjectStore) -> bool:
     """Whether the object of ``parts`` is in ``store``."""
+    import hashlib  # here, not at start-up: OpenSSL's set-up is ~3 ms
+
     digest = hashlib.sha256()
     for part in parts:
         digest.update(part)
@@ -365,6 +366,8 @@ def stream(
     link = entry.chain[0]
     ref = link.ref
     cap, exact = _cap(entry, limit)
+    import hashlib
+
     oid_hash = hashlib.sha256()
     content = blake3.blake3()
     total = 0

@@ -103,6 +103,8 @@ def _import_ahead() -> None:
 
     def run() -> None:
         with contextlib.suppress(Exception):  # a worker imports it again and reports
+            import hashlib  # noqa: F401  # objects' sha256 (OpenSSL's set-up: ~3 ms)
+
             import zstandard  # noqa: F401
 
             from git_theta.updates import auto, delta, sparse  # noqa: F401

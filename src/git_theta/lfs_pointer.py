@@ -8,7 +8,6 @@ as the pointer's text.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterable
 
 from git_theta.errors import ObjectCorruptError, ObjectMissingError
@@ -60,6 +59,8 @@ def write_object(
             f"Git LFS object {ref.oid} (a version of this file from before git-theta "
             "tracked it) is not local and could not be downloaded"
         ) from None
+    import hashlib  # here, not at start-up: OpenSSL's set-up is ~3 ms
+
     digest = hashlib.sha256()
     size = 0
     with fh:

@@ -23,7 +23,6 @@ is silent: the values are a shortcut, never needed.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import threading
 from typing import TYPE_CHECKING
@@ -50,6 +49,8 @@ def root(store: ObjectStore) -> str:
 
 
 def _path_key(path: str) -> str:
+    import hashlib  # here, not at start-up: OpenSSL's set-up is ~3 ms
+
     return hashlib.blake2b(path.encode(errors="surrogateescape"), digest_size=16).hexdigest()
 
 

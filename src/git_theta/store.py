@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import mmap
 import os
 import stat
@@ -361,6 +360,8 @@ class ObjectStore:
         """
         self.settle()
         if isinstance(parts, list | tuple) and sum(map(len, parts)) <= _PRECHECK:
+            import hashlib  # here, not at start-up: OpenSSL's set-up is ~3 ms
+
             digest = hashlib.sha256()
             for part in parts:
                 digest.update(part)
@@ -369,6 +370,8 @@ class ObjectStore:
                 with contextlib.suppress(OSError):  # in use again: out of prune's grace window
                     os.utime(self.path(ref.oid))
                 return ref
+        import hashlib
+
         digest = hashlib.sha256()
         size = 0
         with self._temp_file() as tmp:
@@ -391,6 +394,8 @@ class ObjectStore:
         did. ``dest`` None: where the bytes belong, ours for a git-theta object and
         git-lfs's for a plain one. Raises OSError (UnsafeFileError for a source that is
         not a regular file)."""
+        import hashlib
+
         digest = hashlib.sha256()
         size = 0
         head = b""
@@ -478,6 +483,8 @@ class ObjectStore:
         """Return the object's bytes after checking them against its oid. Raises
         ObjectMissingError, or ObjectCorruptError (from ``corrupt``)."""
         data = self.read(ref)
+        import hashlib
+
         if len(data) != ref.size or hashlib.sha256(data).hexdigest() != ref.oid:
             if len(data) != ref.size and (found := self.other_size(ref)) is not None:
                 raise size_lie(ref, found)  # an intact copy: nothing is set aside
@@ -524,6 +531,8 @@ class ObjectStore:
         if (oid, path) in _hashed_good:
             return False
         try:
+            import hashlib
+
             digest = hashlib.sha256()
             with open_regular(path) as fh:
                 while chunk := fh.read(_COPY_CHUNK):

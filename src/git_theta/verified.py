@@ -20,7 +20,6 @@ cannot be written (a read-only store) the keys last for the process.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import threading
 from collections.abc import Callable, Iterable
@@ -37,6 +36,8 @@ rebuilds = 0
 
 def key(entry: TensorEntry) -> bytes:
     """Return the record key (64 hex digits, as bytes) of ``entry``'s hash and chain."""
+    import hashlib  # here, not at start-up: OpenSSL's set-up is ~3 ms
+
     h = hashlib.blake2b(digest_size=32, person=b"theta-verified1")
     shape = ",".join(map(str, entry.shape))
     h.update(f"{entry.hash}\0{entry.dtype}\0{shape}\0".encode())
