@@ -129,8 +129,9 @@ def test_a_delta_add_of_every_tensor_stays_within_300_mb_plus_twice_the_largest(
     changed a little (each stored as a delta) peaked at 968 MB in the filter git starts
     (measured with /usr/bin/time): 866 MB with glibc's default malloc, 968 with f5da336's
     keep_freed_memory (one arena, no mmap, no trim), against a bound of 812 MB. Blocks over
-    32 MiB mapped again: 862 MiB; auto trying sparse only where its positions and values
-    hold at most 128 MiB (updates/auto.py): 745 MiB against 798."""
+    32 MiB mapped again: 862 MiB; sparse's positions and values encoded from a scan of
+    the tensor a window at a time, never held whole (updates/sparse.py): 745 MiB against
+    798."""
     import shlex
     import shutil
     import sys

@@ -1014,37 +1014,49 @@ static PyObject *count_changed(PyObject *self, PyObject *args) {
     return result;
 }
 
-/* sparse_diff(old, new, size) -> (gaps, values): for each element whose bytes differ, the
- * distance from the previous such element (from 0 for the first) as u64 LE, and its new
- * bytes. What sparse.py stores, without NumPy. */
+/* sparse_diff(old, new, size, start, stop, last) -> (gaps, values, last): for each element
+ * of [start, stop) whose bytes differ, the distance from the previous such element (from
+ * `last` for the first: 0 at the tensor's start, else what the previous range returned)
+ * as u64 LE, and its new bytes; and the position of the range's last such element (`last`
+ * when there is none). What sparse.py stores, without NumPy, one range at a time so that
+ * the positions and values of a tensor's changed elements are never all held at once. */
 static PyObject *sparse_diff(PyObject *self, PyObject *args) {
     Py_buffer a, b;
-    Py_ssize_t size;
-    if (!PyArg_ParseTuple(args, "y*y*n", &a, &b, &size)) return NULL;
+    Py_ssize_t size, start, stop;
+    unsigned long long last_in;
+    if (!PyArg_ParseTuple(args, "y*y*nnnK", &a, &b, &size, &start, &stop, &last_in)) return NULL;
     PyObject *gaps = NULL, *values = NULL, *result = NULL;
     if (!same_elements(&a, &b, size)) goto done;
     Py_ssize_t n = a.len / size, changed;
-    const unsigned char *pa = a.buf, *pb = b.buf;
+    if (start < 0 || stop < start || stop > n ||
+        (start == 0 ? last_in != 0 : last_in >= (unsigned long long)start)) {
+        PyErr_SetString(PyExc_ValueError, "range is not within the elements, or last is not before it");
+        goto done;
+    }
+    const unsigned char *pa = (const unsigned char *)a.buf + start * size;
+    const unsigned char *pb = (const unsigned char *)b.buf + start * size;
+    Py_ssize_t m = stop - start;
     Py_BEGIN_ALLOW_THREADS
-    changed = count_changed_n(pa, pb, n, size);
+    changed = count_changed_n(pa, pb, m, size);
     Py_END_ALLOW_THREADS
     gaps = PyBytes_FromStringAndSize(NULL, changed * 8);
     values = PyBytes_FromStringAndSize(NULL, changed * size);
     if (gaps == NULL || values == NULL) goto done;
     unsigned char *pg = (unsigned char *)PyBytes_AS_STRING(gaps);
     unsigned char *px = (unsigned char *)PyBytes_AS_STRING(values);
+    uint64_t last = (uint64_t)last_in;
     Py_BEGIN_ALLOW_THREADS
-    uint64_t last = 0;
-    for (Py_ssize_t i = 0, k = 0; i < n && k < changed; i++) {
+    for (Py_ssize_t i = 0, k = 0; i < m && k < changed; i++) {
         if (memcmp(pa + i * size, pb + i * size, (size_t)size) == 0) continue;
-        uint64_t gap = LE_8((uint64_t)i - last);
+        uint64_t at = (uint64_t)(start + i);
+        uint64_t gap = LE_8(at - last);
         memcpy(pg + k * 8, &gap, 8);
         memcpy(px + k * size, pb + i * size, (size_t)size);
-        last = (uint64_t)i;
+        last = at;
         k++;
     }
     Py_END_ALLOW_THREADS
-    result = PyTuple_Pack(2, gaps, values);
+    result = Py_BuildValue("(OOK)", gaps, values, (unsigned long long)last);
 done:
     Py_XDECREF(gaps);
     Py_XDECREF(values);
@@ -2021,7 +2033,7 @@ static PyMethodDef methods[] = {
     {"zigzag", zigzag, METH_VARARGS, "zigzag(new, old, word) -> folded wrapping differences"},
     {"unzigzag_add", unzigzag_add, METH_VARARGS, "unzigzag_add(value, z, word): value += unfold(z)"},
     {"count_changed", count_changed, METH_VARARGS, "count_changed(old, new, size) -> elements whose bytes differ"},
-    {"sparse_diff", sparse_diff, METH_VARARGS, "sparse_diff(old, new, size) -> (u64 gaps, new bytes) of changed elements"},
+    {"sparse_diff", sparse_diff, METH_VARARGS, "sparse_diff(old, new, size, start, stop, last) -> (u64 gaps, new bytes, last) of changed elements in a range"},
     {"deflate_literals", deflate_literals, METH_VARARGS, "deflate_literals(data, block) -> raw deflate of Huffman-coded literals, or None when longer than data"},
     {"inflate_literals", inflate_literals, METH_VARARGS, "inflate_literals(payload, size) -> bytes, or None when zlib must decode it"},
     {"factored", factored, METH_VARARGS, "factored(prev, code, rows, cols, a, acode, b, bcode, rank, scale) -> bytes or None"},

@@ -423,7 +423,7 @@ def _encode_chunk(
 
 
 def encode_stream(
-    data: bytes | bytearray | memoryview,
+    data: bytes | bytearray | memoryview | int,
     layout: Layout = PLAIN,
     level: int = 1,
     pool: Pool | None = None,
@@ -439,27 +439,36 @@ def encode_stream(
     so the whole object is held before the first part is yielded. With ``chunk_of``,
     the bytes encoded are not ``data``'s but ``chunk_of(start, end)`` for each chunk's
     span of it, made on demand by the worker (a delta's zigzag difference: never whole
-    in memory, a tensor's size less at the peak of an add).
+    in memory, a tensor's size less at the peak of an add). ``data`` may then be just
+    the length of those bytes (a sparse update's positions: no buffer of them exists).
     """
-    view = memoryview(data).cast("B")
-    if layout.word > 1 and len(view) % layout.word:
+    if isinstance(data, int):
+        if chunk_of is None:
+            raise ValueError("a length alone needs chunk_of")
+        view, total = None, data
+    else:
+        view = memoryview(data).cast("B")
+        total = len(view)
+    if layout.word > 1 and total % layout.word:
         layout = Layout()
     ctx = None if context is None else memoryview(context).cast("B")
-    if ctx is not None and len(ctx) != len(view):
+    if ctx is not None and len(ctx) != total:
         raise ValueError("the context is not as long as the data")
     chunk_bytes = CHUNK_WORDS * layout.word
-    starts = range(0, len(view), chunk_bytes)
-    use = pool if len(view) > chunk_bytes else None
+    starts = range(0, total, chunk_bytes)
+    use = pool if total > chunk_bytes else None
 
     def head(version: int) -> bytes:
-        return _HEAD.pack(
-            MAGIC, version, layout.word, int(layout.rotate), 0, len(view), CHUNK_WORDS
-        )
+        return _HEAD.pack(MAGIC, version, layout.word, int(layout.rotate), 0, total, CHUNK_WORDS)
 
     def one(start: int) -> tuple[bytes, bool]:
         part = None if ctx is None else ctx[start : start + chunk_bytes]
-        end = min(start + chunk_bytes, len(view))
-        raw = view[start:end] if chunk_of is None else chunk_of(start, end)
+        end = min(start + chunk_bytes, total)
+        if chunk_of is not None:
+            raw = chunk_of(start, end)
+        else:
+            assert view is not None
+            raw = view[start:end]
         if len(raw) != end - start:
             raise ValueError("chunk_of gave a chunk of the wrong length")
         return _encode_chunk(memoryview(raw).cast("B"), layout, level, part)
@@ -477,7 +486,7 @@ def encode_stream(
 
 
 def encode(
-    data: bytes | bytearray | memoryview,
+    data: bytes | bytearray | memoryview | int,
     layout: Layout = PLAIN,
     level: int = 1,
     pool: Pool | None = None,

@@ -11,12 +11,6 @@ from git_theta.updates.layout import itemsize
 
 SPARSE_MAX = 0.5  # above this fraction of changed elements sparse cannot win
 DELTA_MIN = 0.01  # below it sparse always beats delta (measured on MiniLM), so skip it
-# Sparse's encode holds every changed element's position (8 bytes) and value beside the
-# new and previous values; past this it is not tried, delta is: an add stays within 300 MB
-# + 2x the largest tensor (a 256 MiB tensor with a third of its elements changed held
-# 268 MB more, and the add peaked 63 MiB over). Only tensors with millions of changed
-# elements reach it, where delta's zeros for the unchanged ones code to almost nothing.
-SPARSE_HELD_MAX = 128 << 20
 # PEFT's factor tensors are stored whole, never as a change on their previous version:
 # a low-rank or ia3 link stores its factors as dense objects of their bytes, so the
 # committed adapter file shares those objects only while its tensors are dense too. They
@@ -56,10 +50,9 @@ class Auto(UpdateType):
             changed = int(np.count_nonzero(_elements(prev, size) != _elements(new, size)))
         count = max(1, len(new) // size)
         candidates: list[UpdateType] = []
-        sparse_fits = changed * (8 + size) <= SPARSE_HELD_MAX
-        if changed <= SPARSE_MAX * count and sparse_fits:
+        if changed <= SPARSE_MAX * count:
             candidates.append(Sparse())
-        if changed > DELTA_MIN * count or not sparse_fits:
+        if changed > DELTA_MIN * count:
             candidates.append(Delta())
         best: tuple[str, list[bytes]] | None = None
         for plugin in candidates:
