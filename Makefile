@@ -45,7 +45,7 @@ NUMPY_SUITES := tests/test_codec.py tests/test_updates.py tests/test_factored.py
 # Two workers: a test spends most of its time in git and git-lfs processes, and each
 # test has its own HOME and repositories (conftest.py), so they do not share state.
 test: lint
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q -n 2
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q -n 2 --dist loadgroup
 	GIT_THETA_KERNELS=numpy PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest -q -n 2 $(NUMPY_SUITES)
 
 # >= 10,000 hostile files of every format and hostile manifests (docs/reliability.md);

@@ -31,6 +31,10 @@ from git_theta import filter_client
 from git_theta.commands.cli import main
 from git_theta.forkserver import REQUEST_TIME, find_servers, running_servers, stop_servers
 
+# One worker runs every test that starts a filter server: two of them touch a module of
+# the package to play an upgrade, which makes any server running meanwhile step aside.
+pytestmark = pytest.mark.xdist_group("filter-server")
+
 SHAPES = {"a.weight": (64, 32), "b.weight": (32, 16), "c.bias": (16,)}
 SERVED = "git-theta: served by filter server"
 _IN_CREATE, _IN_MOVED_TO = 0x100, 0x80

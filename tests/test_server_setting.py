@@ -20,6 +20,10 @@ from git_theta import filter_client
 from git_theta.commands.cli import main
 from git_theta.forkserver import find_servers
 
+# One worker runs every test that starts a filter server: two of them touch a module of
+# the package to play an upgrade, which makes any server running meanwhile step aside.
+pytestmark = pytest.mark.xdist_group("filter-server")
+
 CLIENT = shlex.join([sys.executable, "-I", "-S", filter_client.__file__])
 
 

@@ -484,22 +484,6 @@ static PyObject *prefault(PyObject *self, PyObject *args) {
     return PyBool_FromLong(done);
 }
 
-/* Read exactly n bytes from fd into p, retrying short reads and EINTR; return n, the
- * bytes read before end of file, or -1 with errno set. */
-static Py_ssize_t read_full(int fd, unsigned char *p, Py_ssize_t n) {
-    Py_ssize_t got = 0;
-    while (got < n) {
-        ssize_t r = read(fd, p + got, (size_t)(n - got));
-        if (r < 0) {
-            if (errno == EINTR) continue;
-            return -1;
-        }
-        if (r == 0) break;
-        got += r;
-    }
-    return got;
-}
-
 static int hex_digit(unsigned char c) {
     if (c >= '0' && c <= '9') return c - '0';
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;
@@ -513,8 +497,11 @@ static int hex_digit(unsigned char c) {
  * packets up to a flush) read straight into out, without the GIL: `left` payload bytes
  * of the packet in progress first, then packet after packet. Stops when out is full
  * (returning how much of the last packet is still to come), or at the flush (ended).
- * EOFError when the stream ends first; ValueError for a length that is not one. One
- * call per tensor instead of a Python loop of two reads per 64 KiB packet. */
+ * EOFError when the stream ends first; ValueError for a length that is not four hex
+ * digits or not a packet's. One call per tensor instead of a Python loop of two reads
+ * per 64 KiB packet. A signal that interrupts a read runs its Python handler (with the
+ * GIL taken back) and the read resumes; a handler that raises ends the call (the stream
+ * is then out of step: the filter is being stopped). */
 static PyObject *read_packets(PyObject *self, PyObject *args) {
     int fd;
     Py_buffer out;
@@ -526,36 +513,54 @@ static PyObject *read_packets(PyObject *self, PyObject *args) {
         return NULL;
     }
     unsigned char *dst = out.buf;
-    Py_ssize_t room = out.len, filled = 0;
-    int ended = 0, err = 0, eof = 0, bad = 0;
+    Py_ssize_t room = out.len, filled = 0, have = 0; /* have: bytes of a length read */
+    int ended = 0, err = 0, eof = 0, bad = 0, interrupted;
     unsigned char head[4];
-    Py_BEGIN_ALLOW_THREADS
-    while (filled < room) {
-        if (left == 0) {
-            Py_ssize_t h = read_full(fd, head, 4);
-            if (h < 0) { err = errno; break; }
-            if (h < 4) { eof = 1; break; }
-            int size = 0;
-            for (int k = 0; k < 4; k++) {
-                int d = hex_digit(head[k]);
-                if (d < 0) { bad = -1; break; }
-                size = size * 16 + d;
+    do {
+        interrupted = 0;
+        Py_BEGIN_ALLOW_THREADS
+        while (filled < room) {
+            ssize_t r;
+            if (left == 0) {
+                while (have < 4) {
+                    r = read(fd, head + have, (size_t)(4 - have));
+                    if (r <= 0) break;
+                    have += r;
+                }
+                if (have < 4) {
+                    if (r == 0) eof = 1;
+                    else if (errno == EINTR) interrupted = 1;
+                    else err = errno;
+                    break;
+                }
+                have = 0;
+                int size = 0;
+                for (int k = 0; k < 4; k++) {
+                    int d = hex_digit(head[k]);
+                    if (d < 0) { bad = -1; break; }
+                    size = size * 16 + d;
+                }
+                if (bad) break;
+                if (size == 0) { ended = 1; break; }
+                if (size < 4 || size - 4 > PKT_MAX_PAYLOAD) { bad = size; break; }
+                left = size - 4;
+                if (left == 0) continue; /* an empty data packet: legal, carries nothing */
             }
-            if (bad) break;
-            if (size == 0) { ended = 1; break; }
-            if (size < 4 || size - 4 > PKT_MAX_PAYLOAD) { bad = size; break; }
-            left = size - 4;
-            if (left == 0) continue; /* an empty data packet: legal, carries nothing */
+            Py_ssize_t take = left < room - filled ? left : room - filled;
+            r = read(fd, dst + filled, (size_t)take);
+            if (r <= 0) {
+                if (r == 0) eof = 1;
+                else if (errno == EINTR) interrupted = 1;
+                else err = errno;
+                break;
+            }
+            filled += r;
+            left -= r;
         }
-        Py_ssize_t take = left < room - filled ? left : room - filled;
-        Py_ssize_t r = read_full(fd, dst + filled, take);
-        if (r < 0) { err = errno; break; }
-        filled += r;
-        left -= r;
-        if (r < take) { eof = 1; break; }
-    }
-    Py_END_ALLOW_THREADS
+        Py_END_ALLOW_THREADS
+    } while (interrupted && PyErr_CheckSignals() == 0);
     PyBuffer_Release(&out);
+    if (interrupted) return NULL; /* a handler raised (KeyboardInterrupt...) */
     if (err) {
         errno = err;
         return PyErr_SetFromErrno(PyExc_OSError);

@@ -90,6 +90,10 @@ def _prefault(out: bytearray, start: int) -> _Prefault | None:
 
 
 _warmed: list[threading.Thread] = []
+# The imports ahead cost ~4 ms of CPU: a file this large streams long enough to hide
+# them, and re-cleaning it unchanged (git status after a touch) costs far more hashing.
+# A smaller one that changes imports them when its first changed tensor is stored.
+IMPORT_AHEAD_MIN = 8 << 20
 
 
 def _import_ahead() -> None:
@@ -315,7 +319,8 @@ def _clean_spans(
     total = spans[-1].end if spans else reader.offset
     kept: PreviousValues | None = None
     if previous is not None and spans:
-        _import_ahead()  # a tensor may change: what storing a change needs, meanwhile
+        if total >= IMPORT_AHEAD_MIN:  # a tensor may change: what storing one needs
+            _import_ahead()
         # A file with a history: changed tensors' values are left for its next add.
         from git_theta.previous_values import ENV, PreviousValues
 

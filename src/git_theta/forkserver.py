@@ -414,10 +414,8 @@ def _child(conn: socket.socket, fds: list[int], fields: list[bytes], env: list[b
         if os.environ.get("GIT_THETA_SERVER_TRACE") == "1":
             sys.stderr.write(f"git-theta: served by filter server {os.getppid()}\n")
         from git_theta.commands.cli import filter_process_command
-        from git_theta.commands.filter import for_one_command
 
-        for_one_command()
-        code = filter_process_command()
+        code = filter_process_command(for_one_command=True)
     except BaseException:  # a copy must never return into the server's loop
         import traceback
 

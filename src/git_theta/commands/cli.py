@@ -192,11 +192,18 @@ def _seconds(text: str) -> float:
     return value
 
 
-def filter_process_command() -> int:
-    """Serve git's filter requests on stdin/stdout; return the exit code, output flushed."""
+def filter_process_command(for_one_command: bool = False) -> int:
+    """Serve git's filter requests on stdin/stdout; return the exit code, output flushed.
+    ``for_one_command``: set the process up to serve one git command (filter.py)."""
     try:
+        # Inside the error handling: importing the filter reads GIT_THETA_KERNELS
+        # (kernels.py), whose bad value is one line, not a traceback git shows.
         from git_theta.commands.filter import filter_process
 
+        if for_one_command:
+            from git_theta.commands.filter import for_one_command as set_up
+
+            set_up()
         code = filter_process()
     except Exception as exc:
         code = report(exc)
@@ -211,11 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     if (sys.argv[1:] if argv is None else argv) == ["filter-process"]:
         # git starts this for every command that touches a checkpoint; argparse alone
         # costs 15 ms of that start-up.
-        if argv is None:  # the real process, not a test calling main()
-            from git_theta.commands.filter import for_one_command
-
-            for_one_command()
-        code = filter_process_command()
+        # argv None: the real process, not a test calling main()
+        code = filter_process_command(for_one_command=argv is None)
         if argv is None:
             # Interpreter teardown (module finalisation, the helper thread) added 20-40 ms
             # to every git command; every file has been answered and closed by now.

@@ -11,6 +11,7 @@ from git_theta import kernels
 MAX_PAYLOAD = 65516
 FLUSH = b"0000"
 _FULL_HEADER = b"%04x" % (MAX_PAYLOAD + 4)
+_HEX_DIGITS = b"0123456789abcdefABCDEF"
 _IOV_BATCH = 32  # buffers per writev: 16 packets, ~1 MiB, the width of our pipes
 
 
@@ -68,10 +69,11 @@ def read_length(stream: IO[bytes]) -> int | None:
             head += _read_exact(stream, 4 - len(head))
         except EOFError:
             raise EOFError("pkt-line stream ended inside a length") from None
-    try:
-        size = int(head, 16)
-    except ValueError as exc:
-        raise ProtocolError(f"bad pkt-line length {head!r}") from exc
+    # Exactly four hex digits, as the C reader takes (int() also takes '0x', '+', '_' and
+    # spaces: the same stream would be content on one path and an error on the other).
+    if head.translate(None, _HEX_DIGITS):
+        raise ProtocolError(f"bad pkt-line length {head!r}")
+    size = int(head, 16)
     if size == 0:
         return None
     if size < 4 or size - 4 > MAX_PAYLOAD:
@@ -116,7 +118,8 @@ class PacketReader:
         self._left = 0  # payload bytes of the packet in progress still on the stream
         native = kernels.native
         self._fd: int | None = None
-        if native is not None and type(stream) is io.FileIO:
+        # (A kernel built before read_packets, an editable install not rebuilt, lacks it.)
+        if type(stream) is io.FileIO and getattr(native, "read_packets", None) is not None:
             self._fd = stream.fileno()  # unbuffered: no bytes of ours sit in a buffer
 
     def _fill(self) -> bool:
