@@ -200,3 +200,49 @@ def test_the_unbuffered_path_refuses_what_the_buffered_one_refuses(tmp_path: Pat
     path.write_bytes(wire[: 4 + MAX_PAYLOAD // 2])  # git went away inside a payload
     with pytest.raises(EOFError, match="ended early"):
         PacketReader(io.FileIO(path, "rb")).readinto(memoryview(bytearray(len(data))))
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("seed", range(3))
+def test_short_reads_from_a_pipe_give_the_same_bytes(
+    native: bool, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """git's writes reach a pipe in pieces: a read returns part of a length or of a payload.
+    Over a real pipe written a few bytes at a time, both paths (the C reader, and the
+    Python one on the unbuffered stdin) give the content exactly and stop at its flush."""
+    import threading
+
+    if native and kernels.native is None:
+        pytest.skip("needs the C kernel")
+    if not native:
+        monkeypatch.setattr(kernels, "native", None)
+    rng = random.Random(seed)
+    data, wire = _packets([rng.choice([0, 1, 7, 4096, MAX_PAYLOAD]) for _ in range(24)], rng)
+    wire += b"0009next\n"
+    r, w = os.pipe()
+
+    def feed() -> None:
+        at = 0
+        while at < len(wire):
+            step = rng.randrange(1, 300)
+            os.write(w, wire[at : at + step])
+            at += step
+        os.close(w)
+
+    writer = threading.Thread(target=feed)
+    writer.start()
+    try:
+        with io.FileIO(r, "rb") as raw:
+            reader = PacketReader(raw)
+            assert (reader._fd is not None) == native
+            got = bytearray(reader.read(5))
+            out = bytearray(3 * MAX_PAYLOAD + 11)
+            while n := reader.readinto(memoryview(out)):
+                got += out[:n]
+            assert got == data
+            rest = b""
+            while more := raw.read(100):
+                rest += more
+            assert rest == b"0009next\n"
+    finally:
+        writer.join()
