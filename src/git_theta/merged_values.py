@@ -117,10 +117,7 @@ def take(store: ObjectStore, entry: TensorEntry, size: int) -> memoryview | None
     read-only, not copied: a copy was as much fresh memory again (a page fault and
     zeroing per page: for GPT-2-small, 500 MB in the checkout that follows a merge),
     and the mapping stays valid after the name is removed."""
-    import mmap
-    import stat
-
-    from git_theta.content import content_hash
+    from git_theta.mapped import map_checked
 
     path = os.path.join(_dir(store), entry.hash)
     try:  # not through a planted link, and a FIFO there must not block the checkout
@@ -128,25 +125,10 @@ def take(store: ObjectStore, entry: TensorEntry, size: int) -> memoryview | None
     except OSError:
         return None
     try:
-        info = os.fstat(fd)
-        # A second name (a hard link someone made) could change or truncate the mapped
-        # bytes after their hash is checked: such a file is not used.
-        # (An empty value cannot be mapped: it is rebuilt, which costs nothing.)
-        if not stat.S_ISREG(info.st_mode) or info.st_size != size or info.st_nlink != 1 or not size:
-            return None
-        value = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
-    except (OSError, ValueError):
-        return None
+        return map_checked(fd, size, entry.hash)  # (an empty value is rebuilt: no cost)
     finally:
-        os.close(fd)
         with contextlib.suppress(OSError):
             os.unlink(path)
-    view = memoryview(value)  # the mapping is unmapped when the last view goes
-    if content_hash(view) != entry.hash:
-        view.release()
-        value.close()
-        return None
-    return view
 
 
 def sweep(store: ObjectStore) -> None:

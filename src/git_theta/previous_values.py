@@ -102,10 +102,7 @@ class PreviousValues:
         store = self._store
         if not store.verified.has(entry) or not all(store.has(ln.ref) for ln in entry.chain):
             return None
-        import mmap
-        import stat
-
-        from git_theta.content import content_hash
+        from git_theta.mapped import map_checked
 
         folder = self._open(create=False)
         if folder is None:
@@ -116,23 +113,7 @@ class PreviousValues:
             return None
         finally:
             os.close(folder)
-        try:
-            info = os.fstat(fd)
-            # A second name (a hard link someone made) could change the mapped bytes after
-            # their hash is checked: such a file is not used.
-            if not stat.S_ISREG(info.st_mode) or info.st_size != size or info.st_nlink != 1:
-                return None
-            value = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
-        except (OSError, ValueError):
-            return None
-        finally:
-            os.close(fd)
-        view = memoryview(value)  # unmapped when the last view of it goes
-        if content_hash(view) != entry.hash:
-            view.release()
-            value.close()
-            return None
-        return view
+        return map_checked(fd, size, entry.hash)
 
     def keep(self, digest: str, data: Buffer) -> None:
         """Leave ``data`` (a value just stored, whose content hash is ``digest``) for the
