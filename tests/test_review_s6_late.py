@@ -1,0 +1,87 @@
+"""Review R4 (session 6) of the lead's later commits: 99f1fcb (+ f41f4a3) the values an
+add stores as changes kept in LFS_DIR/theta/values for the next add, 562d11f sparse's
+windowed encode, c17bbdd review R3's fixes. Each test asserts the right behaviour, so it
+fails now."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from conftest import git
+from st_files import st_from_arrays
+from test_previous_values import _version
+
+from git_theta import previous_values
+from git_theta.manifest import parse
+from git_theta.store import ObjectStore
+
+MODEL = "model.safetensors"
+
+
+def _kept(repo: Path) -> dict[str, tuple[int, int]]:
+    """Every kept value of the repository's store: its path below values/ -> (inode,
+    mtime): a file written again has another."""
+    root = Path(previous_values.root(ObjectStore(repo / ".git" / "lfs")))
+    if not root.exists():
+        return {}
+    return {
+        str(p.relative_to(root)): (p.stat().st_ino, p.stat().st_mtime_ns)
+        for p in root.rglob("*")
+        if p.is_file()
+    }
+
+
+def test_git_status_of_a_modified_checkpoint_does_not_rewrite_its_kept_values(
+    repo: Path,
+) -> None:
+    """99f1fcb: keep() writes each value it is given (a temporary, renamed over the
+    file), even when the file with that content hash is already there. A modified
+    checkpoint of the same size as its staged version (every training step's) is
+    re-cleaned by every `git status` (git cannot tell it from its stat data; it never
+    refreshes the index for a modified file), so each status, and every IDE's status
+    poll, rewrites up to 256 MiB per file of the values it kept last time: bytes written
+    for nothing, on each status. Right: a value whose file is already there (same name:
+    its content hash) is not written again."""
+    for step in range(2):
+        (repo / MODEL).write_bytes(st_from_arrays(_version(step)))
+        git(repo, "add", MODEL)
+        git(repo, "commit", "-q", "-m", f"v{step}")
+    (repo / MODEL).write_bytes(st_from_arrays(_version(2)))  # modified, not added
+    git(repo, "status", "--porcelain")
+    first = _kept(repo)
+    staged = parse(git(repo, "show", f":{MODEL}").stdout)
+    assert len(first) >= 2, first  # v2's changed tensors, kept by the first status
+    git(repo, "status", "--porcelain")
+    assert _kept(repo) == first  # the same files: nothing rewritten
+    assert staged == parse(git(repo, "show", f":{MODEL}").stdout)
+
+
+def test_a_renamed_checkpoint_leaves_no_third_version_of_its_tensors_kept(repo: Path) -> None:
+    """99f1fcb says "at most two versions of a tensor are kept": each add of a path
+    removes that path's values that neither its staged nor its new manifest holds. The
+    values are filed by path (values/KEY, KEY a hash of the path), and nothing ever
+    tidies the folder of a path that is renamed or removed (`git mv`, a re-shard, a
+    `git rm`): its last versions stay until `git theta prune`, up to 2 x 256 MiB per file
+    ever renamed. Here model.safetensors is renamed after two versions and two more are
+    added under its new name: w's value of version 1 is kept beside versions 2 and 3.
+    Right: an add does not leave values of a path git no longer has (or the bound is
+    store-wide), so at most two versions of w are kept."""
+    old, new = "old.safetensors", MODEL
+    for step in range(2):
+        (repo / old).write_bytes(st_from_arrays(_version(step)))
+        git(repo, "add", old)
+        git(repo, "commit", "-q", "-m", f"v{step}")
+    git(repo, "mv", old, new)
+    git(repo, "commit", "-q", "-m", "rename")
+    hashes = set()
+    for step in range(2, 4):
+        (repo / new).write_bytes(st_from_arrays(_version(step)))
+        git(repo, "add", new)
+        git(repo, "commit", "-q", "-m", f"v{step}")
+    for rev in range(4):
+        path = new if rev >= 2 else old
+        text = git(repo, "show", f"HEAD~{(3 - rev) + (1 if rev < 2 else 0)}:{path}").stdout
+        hashes.add((rev, parse(text).tensors["w"].hash))
+    kept_names = {Path(name).name for name in _kept(repo)}
+    kept_w = sorted(rev for rev, digest in hashes if digest in kept_names)
+    assert kept_w in ([3], [2, 3]), f"versions of w kept: {kept_w}"
