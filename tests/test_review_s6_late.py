@@ -7,11 +7,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from conftest import git
 from st_files import st_from_arrays
 from test_previous_values import _version
 
 from git_theta import previous_values
+from git_theta.commands.cli import main
 from git_theta.manifest import parse
 from git_theta.store import ObjectStore
 
@@ -85,3 +87,41 @@ def test_a_renamed_checkpoint_leaves_no_third_version_of_its_tensors_kept(repo: 
     kept_names = {Path(name).name for name in _kept(repo)}
     kept_w = sorted(rev for rev, digest in hashes if digest in kept_names)
     assert kept_w in ([3], [2, 3]), f"versions of w kept: {kept_w}"
+
+
+@pytest.mark.xdist_group("filter-server")
+def test_a_served_add_reads_the_callers_git_theta_kernels(
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """c17bbdd moved the import that reads GIT_THETA_KERNELS inside the filter's error
+    handling, "the forkserver worker too". But a server's worker never reads it: the
+    server imported the filter (kernels.py chose its kernel) at its own start, with the
+    environment of whichever command started it, and GIT_THETA_KERNELS is not among the
+    start-up variables a caller must share with its server. So through a warm server a
+    bad value is silently ignored (the add succeeds), and GIT_THETA_KERNELS=numpy (CI's
+    way to test the NumPy twins) runs the C kernel, or the reverse: every later command
+    runs the kernel of the command that started the server. Right: the worker takes the
+    caller's choice (or the variable is a start-up one), so the served add answers as the
+    direct one: exit 1 and the one line."""
+    from test_forkserver import SERVED, add, start_server
+
+    servers = tmp_path / "servers"
+    servers.mkdir(mode=0o700)
+    monkeypatch.setenv("GIT_THETA_SERVER_DIR", str(servers))
+    monkeypatch.setenv("GIT_THETA_SERVER_TRACE", "1")
+    assert main(["install", "--server"]) == 0
+    server = start_server(servers)
+    try:
+        (repo / MODEL).write_bytes(st_from_arrays(_version(0)))
+        direct = add(repo, MODEL, GIT_THETA_KERNELS="bogus", GIT_THETA_SERVER="0")
+        assert direct.returncode != 0
+        assert "GIT_THETA_KERNELS='bogus': use native or numpy" in direct.stderr
+        served = add(repo, MODEL, GIT_THETA_KERNELS="bogus")
+        assert SERVED in served.stderr
+        assert (served.returncode, served.stderr.count("GIT_THETA_KERNELS='bogus'")) == (
+            direct.returncode,
+            1,
+        ), served.stderr
+    finally:
+        server.terminate()
+        server.wait()
