@@ -6,13 +6,15 @@ fails now."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 from conftest import git
 from st_files import st_from_arrays
 from test_previous_values import _version
 
-from git_theta import previous_values
+from git_theta import kernels, previous_values
 from git_theta.commands.cli import main
 from git_theta.manifest import parse
 from git_theta.store import ObjectStore
@@ -125,3 +127,40 @@ def test_a_served_add_reads_the_callers_git_theta_kernels(
     finally:
         server.terminate()
         server.wait()
+
+
+@pytest.mark.skipif(kernels.native is None, reason="counts the C kernel's scans")
+def test_a_sparse_encode_scans_each_window_of_the_tensor_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """562d11f: Sparse.encode runs the windowed diff twice over the whole tensor, once
+    for the positions (keeping the gaps, dropping the values) and once for the values
+    (keeping the values, dropping the gaps), and each _planes.sparse_diff call counts the
+    window's changes before collecting them: with the first count_changed, five passes
+    over both tensors where the encode before made two. Measured on 64M BF16 elements
+    with 10% changed (load ~3.8, best of 3): 1.10-1.16 s against 0.55-0.65 s for one
+    full-range sparse_diff and the same two codec encodes, and auto now runs it for every
+    changed tensor with at most half its elements changed, at any size. Right: one scan
+    per window gives both the gaps and the values (e.g. the values' chunks fed from what
+    the positions' pass produced, or both objects encoded from one pass)."""
+    from git_theta.updates import sparse
+
+    native = kernels.native
+    calls: list[int] = []
+
+    class Counting:
+        def __getattr__(self, name: str) -> object:
+            return getattr(native, name)
+
+        def sparse_diff(self, *args: Any) -> tuple[bytes, bytes, int]:
+            calls.append(args[3])
+            return native.sparse_diff(*args)  # type: ignore[union-attr, no-any-return]
+
+    monkeypatch.setattr(kernels, "native", Counting())
+    rng = np.random.default_rng(0)
+    n = 3 * sparse.WINDOW
+    prev = rng.standard_normal(n, dtype=np.float32)
+    new = prev.copy()
+    new[::7] += np.float32(1)
+    assert sparse.Sparse().encode(new.tobytes(), prev.tobytes(), "F32") is not None
+    assert sorted(calls) == [0, sparse.WINDOW, 2 * sparse.WINDOW], calls
