@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import git
+from conftest import _kill_servers, git
 from st_files import st_from_arrays
 from test_previous_values import _version
 
@@ -127,6 +127,7 @@ def test_a_served_add_reads_the_callers_git_theta_kernels(
     finally:
         server.terminate()
         server.wait()
+        _kill_servers(servers)  # any other this test's commands started
 
 
 @pytest.mark.skipif(kernels.native is None, reason="counts the C kernel's scans")
