@@ -165,3 +165,34 @@ def test_a_sparse_encode_scans_each_window_of_the_tensor_once(
     new[::7] += np.float32(1)
     assert sparse.Sparse().encode(new.tobytes(), prev.tobytes(), "F32") is not None
     assert sorted(calls) == [0, sparse.WINDOW, 2 * sparse.WINDOW], calls
+
+
+@pytest.mark.parametrize("kernel", ["native", "numpy"])
+def test_sparse_encodes_a_buffer_of_floats_whole(
+    kernel: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """562d11f: Sparse.encode now takes the element count as len(new) // itemsize, which
+    is the count only for a buffer of bytes (Buffer is bytes | bytearray | memoryview, and
+    a memoryview of a float32 array has len = its elements). Before, the scan ran over the
+    buffer's bytes (C: a.len; NumPy: frombuffer) and such a buffer encoded right, as delta
+    still does. Now the C path raises ValueError ("the changed elements ended early":
+    the count is of all the bytes), and the NumPy path, when the quarter of the elements
+    it scans is a whole number of windows, returns an update of the first quarter's
+    changes only: apply() gives other bytes than ``new``, silently (nothing at the add
+    rebuilds a chain it stores). Every caller today passes a byte view, so this is
+    latent; right: the counts come from the buffer's bytes (memoryview(...).nbytes, or a
+    cast to "B" at the top), as every other update type does."""
+    from git_theta.updates.sparse import WINDOW, Sparse
+
+    if kernel == "numpy":
+        monkeypatch.setattr(kernels, "native", None)
+    elif kernels.native is None:
+        pytest.skip("no C kernel")
+    rng = np.random.default_rng(0)
+    prev = rng.standard_normal(4 * WINDOW, dtype=np.float32)
+    new = prev.copy()
+    new[::5] += np.float32(1)
+    parts = Sparse().encode(new.data, prev.data, "F32")  # memoryviews of format "f"
+    assert parts is not None
+    got = Sparse().apply(bytearray(prev.tobytes()), b"".join(parts), "F32")
+    assert bytes(got) == new.tobytes()
