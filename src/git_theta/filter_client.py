@@ -53,8 +53,11 @@ PYTHON_FLAGS = ("-E", "-P")
 SERVER_COMMAND = ("-m", "git_theta", "filter-server")  # then the socket's path
 LIMITS = tuple(sorted({getattr(resource, n) for n in dir(resource) if n.startswith("RLIMIT_")}))
 # Variables that act when a program starts (the dynamic loader, malloc, the C library,
-# Python's locale), which a worker forked from its server cannot take from its caller.
-_STARTUP_VARIABLES = (b"LD_", b"MALLOC_", b"GLIBC_TUNABLES", b"LANG", b"LC_ALL", b"LC_CTYPE")
+# Python's locale; GIT_THETA_KERNELS, read when the server imports the filter), which a
+# worker forked from its server cannot take from its caller.
+_STARTUP_VARIABLES = (
+    b"LD_", b"MALLOC_", b"GLIBC_TUNABLES", b"LANG", b"LC_ALL", b"LC_CTYPE", b"GIT_THETA_KERNELS",
+)  # fmt: skip
 _STATUS_LINES = (b"Cap", b"NoNewPrivs:", b"Seccomp:")  # privileges and confinement
 _LEN = 4  # bytes of the request's length prefix, the pid and the exit code
 STARTING = ".starting"  # beside the socket while a server starts (see _may_start)

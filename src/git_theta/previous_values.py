@@ -13,17 +13,20 @@ names the file's path), and the next add maps that file instead of rebuilding, w
   to what the chain rebuilds to, which must be these bytes (a clone's manifest may lie);
 - the chain's objects are here (else the value is stored whole, as without this file).
 
-Bounded: only values of VALUE_MIN to VALUE_MAX bytes, at most ADD_MAX bytes per add of a file,
-and each add of a path removes its values that neither the staged manifest nor the new
-one holds, so at most two versions of a tensor are kept. ``git theta prune`` removes
-them all; ``GIT_THETA_KEEP_VALUES=0`` stops an add from leaving any. Every failure here
-is silent: the values are a shortcut, never needed.
+Bounded: only values of VALUE_MIN to VALUE_MAX bytes, at most ADD_MAX bytes per add of a
+file and STORE_MAX in the store; each add of a path removes its values that neither the
+staged manifest nor the new one holds (at most two versions of a tensor per file), and
+the folders of files no add touched for STALE seconds (renamed, removed) go when a value
+is next kept. A value kept already is not written again (git status re-cleans a modified
+file every time). ``git theta prune`` removes them all; ``GIT_THETA_KEEP_VALUES=0`` stops
+an add from leaving any. Every failure here is silent: the values are a shortcut.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import threading
 from typing import TYPE_CHECKING
 
@@ -39,6 +42,8 @@ ENV = "GIT_THETA_KEEP_VALUES"
 VALUE_MAX = 64 << 20  # a larger tensor is rebuilt (and not written a second time)
 VALUE_MIN = 64 << 10  # a smaller one rebuilds in less time than a file takes to write
 ADD_MAX = 256 << 20  # bytes one add of a file may leave
+STORE_MAX = 2 << 30  # bytes kept in a store at once, for all its files
+STALE = 7 * 86400  # seconds: the folder of a file no add touched since (renamed, removed)
 _HEX = frozenset("0123456789abcdef")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -58,6 +63,62 @@ def _is_hash(name: str) -> bool:
     return len(name) == 64 and set(name) <= _HEX
 
 
+def _store_room(store: ObjectStore, own_key: str) -> int:
+    """Bytes the store's values may still grow by (STORE_MAX less what they hold), once
+    the folders of files no add touched for STALE seconds are removed (a renamed or
+    removed file's: its own adds tidy only its own folder)."""
+    import time
+
+    from git_theta.errors import ThetaError
+    from git_theta.files import open_dir
+
+    try:
+        top = open_dir(root(store), within=store.own)
+    except (OSError, ThetaError):
+        return STORE_MAX
+    held = 0
+    cutoff = time.time() - STALE
+    try:
+        for key in os.listdir(top):
+            with contextlib.suppress(OSError):
+                info = os.stat(key, dir_fd=top, follow_symlinks=False)
+                if not stat.S_ISDIR(info.st_mode):
+                    continue
+                stale = key != own_key and info.st_mtime < cutoff
+                held += _empty_folder(top, key, remove=stale)[1]
+    except OSError:
+        pass
+    finally:
+        os.close(top)
+    return max(0, STORE_MAX - held)
+
+
+def _empty_folder(top: int, key: str, remove: bool, dry_run: bool = False) -> tuple[int, int]:
+    """(Files, bytes) of the regular files in folder ``key`` of ``top``; with ``remove``,
+    they and the folder are removed (not when ``dry_run``). No link is followed."""
+    count = held = 0
+    try:
+        folder = os.open(key, _DIR_FLAGS, dir_fd=top)
+    except OSError:
+        return 0, 0
+    try:
+        for name in os.listdir(folder):
+            with contextlib.suppress(OSError):
+                info = os.lstat(name, dir_fd=folder)
+                if not stat.S_ISREG(info.st_mode):
+                    continue
+                if remove and not dry_run:
+                    os.unlink(name, dir_fd=folder)
+                count += 1
+                held += info.st_size
+    finally:
+        os.close(folder)
+    if remove and not dry_run:
+        with contextlib.suppress(OSError):
+            os.rmdir(key, dir_fd=top)
+    return count, held
+
+
 class PreviousValues:
     """The values kept for one file of one store (``path``: as git names it)."""
 
@@ -66,7 +127,7 @@ class PreviousValues:
         self.folder = os.path.join(root(store), self._key)
         self._store = store
         self._enabled = enabled
-        self._room = ADD_MAX
+        self._room: int | None = None  # what this add may still leave (on first keep)
         self._lock = threading.Lock()
 
     def _open(self, create: bool) -> int | None:
@@ -107,13 +168,18 @@ class PreviousValues:
         folder = self._open(create=False)
         if folder is None:
             return None
-        try:  # not through a planted link, and a FIFO there must not block the add
-            fd = os.open(entry.hash, _READ_FLAGS, dir_fd=folder)
-        except OSError:
-            return None
+        try:
+            try:  # not through a planted link, and a FIFO there must not block the add
+                fd = os.open(entry.hash, _READ_FLAGS, dir_fd=folder)
+            except OSError:
+                return None
+            value = map_checked(fd, size, entry.hash)
+            if value is None:  # stale or planted: removed, so that a keep writes it anew
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.hash, dir_fd=folder)
+            return value
         finally:
             os.close(folder)
-        return map_checked(fd, size, entry.hash)
 
     def keep(self, digest: str, data: Buffer) -> None:
         """Leave ``data`` (a value just stored, whose content hash is ``digest``) for the
@@ -122,6 +188,8 @@ class PreviousValues:
         if not self._enabled or not VALUE_MIN <= size <= VALUE_MAX or not _is_hash(digest):
             return
         with self._lock:
+            if self._room is None:
+                self._room = min(ADD_MAX, _store_room(self._store, self._key))
             if size > self._room:
                 return
             self._room -= size
@@ -131,7 +199,16 @@ class PreviousValues:
         folder = self._open(create=True)
         if folder is None:
             return
-        os.close(folder)
+        try:
+            # Kept already (git status re-cleans a modified file on every run): not
+            # written again. A wrong one there is removed by take, which checks it.
+            info = os.stat(digest, dir_fd=folder, follow_symlinks=False)
+            if stat.S_ISREG(info.st_mode) and info.st_size == size:
+                return
+        except OSError:
+            pass
+        finally:
+            os.close(folder)
         # Through files.py: created exclusively in the folder reached without following
         # links, renamed over nothing but a regular file; a failed write leaves nothing.
         with (
@@ -166,8 +243,6 @@ class PreviousValues:
 def clear(store: ObjectStore, dry_run: bool = False) -> tuple[int, int]:
     """Remove every value kept in ``store`` (``git theta prune``); return how many and their
     bytes. Only regular files in the folders of ``root`` are removed, no link followed."""
-    import stat
-
     from git_theta.errors import ThetaError
     from git_theta.files import open_dir
 
@@ -178,25 +253,9 @@ def clear(store: ObjectStore, dry_run: bool = False) -> tuple[int, int]:
         return 0, 0
     try:
         for key in os.listdir(top):
-            try:
-                folder = os.open(key, _DIR_FLAGS, dir_fd=top)
-            except OSError:
-                continue
-            try:
-                for name in os.listdir(folder):
-                    with contextlib.suppress(OSError):
-                        info = os.lstat(name, dir_fd=folder)
-                        if not stat.S_ISREG(info.st_mode):
-                            continue
-                        if not dry_run:
-                            os.unlink(name, dir_fd=folder)
-                        count += 1
-                        size += info.st_size
-            finally:
-                os.close(folder)
-            if not dry_run:
-                with contextlib.suppress(OSError):
-                    os.rmdir(key, dir_fd=top)
+            files, held = _empty_folder(top, key, remove=True, dry_run=dry_run)
+            count += files
+            size += held
     finally:
         os.close(top)
     return count, size

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
+from functools import partial
 from typing import TYPE_CHECKING
 
 from git_theta import codec, kernels
@@ -36,21 +37,35 @@ class Sparse(UpdateType):
     codec = "gtsp1"
 
     def encode(self, new: Buffer, prev: Buffer | None, dtype: str) -> list[bytes] | None:
-        if prev is None or len(prev) != len(new):
+        if prev is None:
             return None
+        new, prev = memoryview(new).cast("B"), memoryview(prev).cast("B")  # bytes, not items
         size = itemsize(dtype)
-        if len(new) % size:
+        if len(prev) != len(new) or len(new) % size:
             return None  # not whole elements of dtype
         count = _count_changed(prev, new, size)
-        # The positions and the values are each encoded from one scan of the tensor, a
-        # window at a time: held whole, they were 8 + size bytes per changed element
-        # beside the new and previous values (268 MB more for a 256 MiB tensor a third of
-        # whose elements changed, past the threat model's bound).
-        gaps = _Concat(_diffs(prev, new, size, 0))
-        positions = b"".join(codec.encode(8 * count, codec.Layout(8), chunk_of=gaps.take))
-        values = codec.encode(size * count, layout_for(dtype),
-                              chunk_of=_Concat(_diffs(prev, new, size, 1)).take)  # fmt: skip
-        return [_HEAD.pack(MAGIC, size, count, len(positions)), positions, *values]
+        # The positions and the values are encoded from one scan of the tensor, a window
+        # at a time, the two objects in step: held whole, they were 8 + size bytes per
+        # changed element beside the new and previous values (268 MB more for a 256 MiB
+        # tensor a third of whose elements changed, past the threat model's bound).
+        scan = _Scan(_diffs(prev, new, size))
+        streams = (
+            codec.encode_stream(8 * count, codec.Layout(8), chunk_of=partial(scan.take, 0)),
+            codec.encode_stream(size * count, layout_for(dtype), chunk_of=partial(scan.take, 1)),
+        )
+        parts: tuple[list[bytes], list[bytes]] = ([], [])
+        done = [False, False]
+        while not all(done):
+            # The object that has taken fewer changed elements goes next: each part's
+            # buffer then holds about one chunk of the other's.
+            k = 1 if done[0] else 0 if done[1] else int(scan.taken[0] // 8 > scan.taken[1] // size)
+            part = next(streams[k], None)
+            if part is None:
+                done[k] = True
+            else:
+                parts[k].append(part)
+        positions = b"".join(parts[0])
+        return [_HEAD.pack(MAGIC, size, count, len(positions)), positions, *parts[1]]
 
     def apply(
         self, prev: bytearray | None, payload: Payload, dtype: str, limit: int | None = None
@@ -110,9 +125,9 @@ def _count_changed(prev: Buffer, new: Buffer, size: int) -> int:
     return total
 
 
-def _diffs(prev: Buffer, new: Buffer, size: int, part: int) -> Iterator[bytes]:
-    """The tensor's changed elements window by window: their gaps (``part`` 0; u64 LE, the
-    first from 0, each from the previous changed element) or their new bytes (1)."""
+def _diffs(prev: Buffer, new: Buffer, size: int) -> Iterator[tuple[bytes, bytes]]:
+    """The tensor's changed elements window by window: their gaps (u64 LE, the first from
+    0, each from the previous changed element) and their new bytes."""
     n = len(new) // size
     last = 0
     native = kernels.native
@@ -122,7 +137,7 @@ def _diffs(prev: Buffer, new: Buffer, size: int, part: int) -> Iterator[bytes]:
             gaps, values, last = native.sparse_diff(prev, new, size, start, stop, last)
         else:
             gaps, values, last = _diff_numpy(prev, new, size, start, stop, last)
-        yield gaps if part == 0 else values
+        yield gaps, values
 
 
 def _diff_numpy(
@@ -140,26 +155,30 @@ def _diff_numpy(
     return gaps, b[local].tobytes(), int(where[-1])
 
 
-class _Concat:
-    """Exact spans, in order, of the concatenation of ``parts`` (codec's ``chunk_of``,
-    which asks for consecutive spans when it encodes on one thread)."""
+class _Scan:
+    """One scan of a tensor's windows, handing out exact spans, in order, of its gaps
+    (part 0) and of its values (part 1), as codec's ``chunk_of`` asks for them when it
+    encodes on one thread. Nothing in it refers back to it: a cycle would keep the
+    tensor's new and previous values alive until the cyclic collector ran."""
 
-    def __init__(self, parts: Iterator[bytes]):
-        self._parts = parts
-        self._held = bytearray()
-        self._at = 0
+    def __init__(self, windows: Iterator[tuple[bytes, bytes]]):
+        self._windows = windows
+        self._held = (bytearray(), bytearray())
+        self.taken = [0, 0]  # bytes of each part handed out
 
-    def take(self, start: int, end: int) -> bytes:
-        if start != self._at:
+    def take(self, part: int, start: int, end: int) -> bytes:
+        held = self._held[part]
+        if start != self.taken[part]:
             raise ValueError("spans of the changed elements must be taken in order")
-        while len(self._held) < end - start:
-            more = next(self._parts, None)
-            if more is None:
+        while len(held) < end - start:
+            got = next(self._windows, None)
+            if got is None:
                 raise ValueError("the changed elements ended early")
-            self._held += more
-        out = bytes(self._held[: end - start])
-        del self._held[: end - start]
-        self._at = end
+            self._held[0].extend(got[0])
+            self._held[1].extend(got[1])
+        out = bytes(held[: end - start])
+        del held[: end - start]
+        self.taken[part] = end
         return out
 
 
