@@ -421,6 +421,15 @@ def object_files(repo: Path) -> set[Path]:
     }
 
 
+def scratch_files(repo: Path) -> set[Path]:
+    """The objects and the values an add keeps for the next (previous_values.py): what a
+    timed add writes, removed before the next run so that each writes them as a user's
+    add would (a value kept already is not written again)."""
+    values = repo / ".git/lfs/theta/values"
+    kept = {p for p in values.rglob("*") if p.is_file()} if values.exists() else set()
+    return object_files(repo) | kept
+
+
 def stored_bytes(repo: Path) -> int:
     """Bytes of objects, each object once (a git-theta object may be linked in both)."""
     sizes = {p.name: p.stat().st_size for p in object_files(repo)}
@@ -451,7 +460,7 @@ def measure(tool: str, ck: Checkpoint, repo: Path, env: Env) -> Stats:
     st.add_v1 = series(["git", "add", FILE], repo, env, ck.runs, unstage)
     run(["git", "commit", "-q", "-m", "v1"], repo, env)
     st.stored_v1 = stored_bytes(repo)
-    keep = object_files(repo)
+    keep = scratch_files(repo)
 
     def verify() -> None:
         if sha256(target) != ck.sha_v1:
@@ -464,7 +473,7 @@ def measure(tool: str, ck: Checkpoint, repo: Path, env: Env) -> Stats:
 
     def back_to_v1() -> None:  # no index refresh: that would run the clean filter again
         run(["git", "reset", "-q", "--no-refresh"], repo, env)
-        for p in object_files(repo) - keep:
+        for p in scratch_files(repo) - keep:
             p.unlink()
 
     st.add_v2 = series(["git", "add", FILE], repo, env, ck.runs, back_to_v1)
@@ -632,7 +641,7 @@ def add_speed_case(
             run(["git", "add", "-A"], repo, env)
             run(["git", "commit", "-q", "-m", "v2"], repo, env)
             write_safetensors(repo / FILE, last)
-            repos[tool] = (repo, object_files(repo))
+            repos[tool] = (repo, scratch_files(repo))
             continue
         run(["git", "lfs" if tool == "lfs" else "theta", "track", "*.safetensors"], repo, env)
         for i, values in enumerate(versions):
@@ -647,7 +656,7 @@ def add_speed_case(
             # the MiniLM names the LoRA step renames) still makes its version.
             run(["git", "commit", "-q", "--allow-empty", "-m", f"v{i}"], repo, env)
         write_safetensors(repo / FILE, last)
-        repos[tool] = (repo, object_files(repo))
+        repos[tool] = (repo, scratch_files(repo))
     walls: dict[str, list[float]] = {tool: [] for tool in tools}
     cpus: dict[str, list[float]] = {tool: [] for tool in tools}
     peaks: dict[str, float] = {}
@@ -655,7 +664,7 @@ def add_speed_case(
         for tool in tools:
             repo, keep = repos[tool]
             run(["git", "reset", "-q", "--no-refresh"], repo, env)
-            for p in object_files(repo) - keep:
+            for p in scratch_files(repo) - keep:
                 p.unlink()
             # A reset to a blob the filter does not give keeps the entry's stat data when
             # the file is not newer than the index: git would take it for unchanged.
