@@ -141,3 +141,23 @@ def commit_and_check_out(repo: Path, name: str) -> dict[str, object]:
     assert sha256(repo / name) == sha
     manifest: dict[str, object] = json.loads(git(repo, "show", f"HEAD:{name}").stdout)
     return manifest
+
+
+def measure_filter_peaks(repo: Path, peaks: Path) -> None:
+    """Make ``repo``'s filter the real one run under /usr/bin/time, which appends each
+    filter process's peak RSS (KiB) to ``peaks``; skips the test where there is none."""
+    import shutil
+
+    time = shutil.which("time") or "/usr/bin/time"
+    if not Path(time).is_file():
+        pytest.skip("needs /usr/bin/time")
+    filt = shlex.join(
+        [time, "-f", "%M", "-a", "-o", str(peaks), sys.executable, "-E", "-P", "-m", "git_theta",
+         "filter-process"]
+    )  # fmt: skip
+    git(repo, "config", "filter.theta.process", filt)
+
+
+def peak_mib(peaks: Path) -> float:
+    """The largest peak ``measure_filter_peaks`` recorded, in MiB."""
+    return max(int(line) for line in peaks.read_text().split()) / 1024

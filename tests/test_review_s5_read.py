@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import git, sha256
+from conftest import git, measure_filter_peaks, peak_mib, sha256
 from st_files import f32, st_from_arrays
 
 MODEL = "model.safetensors"
@@ -132,19 +132,8 @@ def test_a_delta_add_of_every_tensor_stays_within_300_mb_plus_twice_the_largest(
     32 MiB mapped again: 862 MiB; sparse's positions and values encoded from a scan of
     the tensor a window at a time, never held whole (updates/sparse.py): 745 MiB against
     798."""
-    import shlex
-    import shutil
-    import sys
-
-    time = shutil.which("time") or "/usr/bin/time"
-    if not Path(time).is_file():
-        pytest.skip("needs /usr/bin/time")
     peaks = tmp_path / "peaks.txt"
-    filt = shlex.join(
-        [time, "-f", "%M", "-a", "-o", str(peaks), sys.executable, "-E", "-P", "-m", "git_theta",
-         "filter-process"]
-    )  # fmt: skip
-    git(repo, "config", "filter.theta.process", filt)
+    measure_filter_peaks(repo, peaks)
     rng = np.random.default_rng(0)
     values = {
         f"t{i}": (rng.standard_normal(mib * MIB // 4, dtype=np.float32) * np.float32(0.02))
@@ -155,6 +144,6 @@ def test_a_delta_add_of_every_tensor_stays_within_300_mb_plus_twice_the_largest(
         value[::3] *= np.float32(1.0001)
     peaks.unlink()
     commit(repo, values, "v2: every tensor changed")
-    peak_mib = max(int(line) for line in peaks.read_text().split()) / 1024
+    peak = peak_mib(peaks)
     bound_mib = (300e6 + 2 * max(SIZES_MIB) * MIB) / MIB
-    assert peak_mib <= bound_mib, f"peak {peak_mib:.0f} MiB, bound {bound_mib:.0f} MiB"
+    assert peak <= bound_mib, f"peak {peak:.0f} MiB, bound {bound_mib:.0f} MiB"

@@ -6,8 +6,6 @@ Each test asserts the right behaviour, so it fails now."""
 from __future__ import annotations
 
 import io
-import shlex
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -15,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import git
+from conftest import git, measure_filter_peaks, peak_mib
 from st_files import st_from_arrays
 
 from git_theta import kernels
@@ -82,16 +80,9 @@ def test_with_numpy_kernels_a_sparse_candidate_stays_within_the_memory_bound(
     300 MB + 2 x 128 MiB = 542 MiB (the C kernel: 443 MiB; the same file with every
     second element changed, delta only: 405 MiB). Right: the cap counts what the
     running kernel holds (or the NumPy encode holds no more than the C one)."""
-    time = shutil.which("time") or "/usr/bin/time"
-    if not Path(time).is_file():
-        pytest.skip("needs /usr/bin/time")
     monkeypatch.setenv("GIT_THETA_KERNELS", "numpy")
     peaks = tmp_path / "peaks.txt"
-    filt = shlex.join(
-        [time, "-f", "%M", "-a", "-o", str(peaks), sys.executable, "-E", "-P", "-m", "git_theta",
-         "filter-process"]
-    )  # fmt: skip
-    git(repo, "config", "filter.theta.process", filt)
+    measure_filter_peaks(repo, peaks)
     rng = np.random.default_rng(0)
     sizes_mib = [128, 4, 16]
     values = {
@@ -106,9 +97,9 @@ def test_with_numpy_kernels_a_sparse_candidate_stays_within_the_memory_bound(
     peaks.unlink()
     (repo / MODEL).write_bytes(st_from_arrays(values))
     git(repo, "add", MODEL)
-    peak_mib = max(int(line) for line in peaks.read_text().split()) / 1024
+    peak = peak_mib(peaks)
     bound_mib = (300e6 + 2 * max(sizes_mib) * MIB) / MIB
-    assert peak_mib <= bound_mib, f"peak {peak_mib:.0f} MiB, bound {bound_mib:.0f} MiB"
+    assert peak <= bound_mib, f"peak {peak:.0f} MiB, bound {bound_mib:.0f} MiB"
 
 
 @pytest.mark.skipif(kernels.native is None, reason="the C path is the one under test")
